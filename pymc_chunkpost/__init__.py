@@ -1,0 +1,10 @@
+"""pymc_chunkpost: fast, memory-bounded post-processing of PyMC's JAX NUTS draws."""
+
+from ._chunked import chunked_vmap as chunked_vmap
+from ._memory import configure_memory as configure_memory
+from ._planner import Plan as Plan
+from ._planner import plan as plan
+from ._postprocess import postprocess_samples as postprocess_samples
+from ._strategies import STRATEGIES as STRATEGIES
+
+__version__ = "0.1.0"

@@ -1,0 +1,217 @@
+"""`chunked_vmap`: `jax.vmap` evaluated in chunks under one loop.
+
+The mapped axis of length `n` is cut into `n // chunk_size` full chunks, evaluated by a
+`lax.fori_loop` that reads each chunk with `dynamic_slice` from the (loop-invariant) inputs
+and writes each result in place into preallocated outputs with `dynamic_update_slice`. A
+remainder of `n % chunk_size` items is evaluated once more, after the loop, and written in
+place too. Nothing is padded, concatenated, transposed or swapped: the only full-size buffers
+are the inputs and the outputs.
+
+Under reverse-mode autodiff the loop becomes a `scan`. With `remat=True` each chunk is wrapped
+in `jax.checkpoint`, so the scan keeps only the loop index per iteration (the inputs are
+loop-invariant) and recomputes one chunk's residuals at a time on the way back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["chunked_vmap", "check_chunking", "resolve_chunk_size"]
+
+
+def check_chunking(chunk_size: Any, n_chunks: Any) -> None:
+    """Validate `chunk_size`/`n_chunks` before any tracing.
+
+    Raises:
+        ValueError: if both are given, or either is not a positive int.
+    """
+    if chunk_size is not None and n_chunks is not None:
+        raise ValueError(
+            f"Pass `chunk_size` or `n_chunks`, not both (got {chunk_size=}, {n_chunks=})."
+        )
+    for name, value in (("chunk_size", chunk_size), ("n_chunks", n_chunks)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | jnp.integer):
+            raise ValueError(
+                f"`{name}` must be a positive int, got {value!r} of type "
+                f"{type(value).__name__}. Pass `{name}=None` for no chunking."
+            )
+        if value <= 0:
+            raise ValueError(
+                f"`{name}` must be a positive int, got {value}. Pass `{name}=None` for no chunking."
+            )
+
+
+def resolve_chunk_size(n: int, chunk_size: int | None, n_chunks: int | None) -> int:
+    """The chunk size actually used for `n` items (at most `n`, at least 1)."""
+    if chunk_size is None and n_chunks is None:
+        return max(n, 1)
+    if chunk_size is None:
+        chunk_size = -(-n // min(int(n_chunks), max(n, 1)))
+    return max(1, min(int(chunk_size), n))
+
+
+def _normalise_axis(axis: int, ndim: int, what: str) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what} axis {axis} is out of range for an array with {ndim} dims.")
+    return axis % ndim
+
+
+def _broadcast_prefix(axes: Any, tree: Any, what: str) -> list[int | None]:
+    """Per-leaf axes of `tree`, from `axes` given as a pytree prefix of it (as `jax.vmap`)."""
+    try:
+        per_leaf = jax.tree.map(
+            lambda axis, sub: jax.tree.map(lambda _: axis, sub),
+            axes,
+            tree,
+            is_leaf=lambda x: x is None,
+        )
+    except ValueError as e:
+        raise ValueError(f"`{what}` must be a pytree prefix of the {what[:-5]}s: {e}") from None
+    # `None` leaves were kept as leaves above; flatten them the same way.
+    return jax.tree.leaves(per_leaf, is_leaf=lambda x: x is None)
+
+
+def chunked_vmap(
+    f: Callable,
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    *,
+    chunk_size: int | None = None,
+    n_chunks: int | None = None,
+    remat: bool = True,
+) -> Callable:
+    """Like `jax.vmap(f, in_axes, out_axes)`, evaluated `chunk_size` items at a time.
+
+    Args:
+        f: the function to map.
+        in_axes: as for `jax.vmap`: an int, `None`, or a pytree prefix of the positional
+            arguments. `None` broadcasts an argument to every item.
+        out_axes: as for `jax.vmap`: an int or a pytree prefix of the outputs.
+        chunk_size: items per chunk. The last chunk may be smaller; it costs no output copy.
+            Memory: temporaries scale with `chunk_size`, not with the mapped length. Time: one
+            loop iteration per chunk; very small chunks lose vectorisation.
+        n_chunks: alternatively, the number of chunks (`chunk_size = ceil(n / n_chunks)`).
+        remat: under reverse-mode autodiff, recompute each chunk's residuals in the backward
+            pass (`jax.checkpoint`), so that it holds one chunk's residuals instead of all.
+            Costs one extra forward evaluation of `f` in the backward pass.
+
+    Returns:
+        A function with the signature of `jax.vmap(f, in_axes, out_axes)`. With
+        `chunk_size=None` and `n_chunks=None` it *is* `jax.vmap(f, in_axes, out_axes)`.
+
+    Raises:
+        ValueError: bad `chunk_size`/`n_chunks` (raised here, before tracing), or mapped
+            arguments whose sizes disagree (raised when called).
+    """
+    check_chunking(chunk_size, n_chunks)
+    if chunk_size is None and n_chunks is None:
+        return jax.vmap(f, in_axes, out_axes)
+    return _chunked(f, in_axes, out_axes, chunk_size, n_chunks, remat, on_chunk=None)
+
+
+def _chunked(
+    f: Callable,
+    in_axes: Any,
+    out_axes: Any,
+    chunk_size: int | None,
+    n_chunks: int | None,
+    remat: bool,
+    on_chunk: Callable[[jax.Array, int], None] | None,
+) -> Callable:
+    """The implementation of `chunked_vmap`, with an optional per-chunk host callback.
+
+    `on_chunk(items_done, n_items)` is called through `jax.debug.callback` after each chunk.
+    """
+
+    @functools.wraps(f)
+    def mapped(*args):
+        if isinstance(in_axes, list):
+            axes = tuple(in_axes)
+        elif isinstance(in_axes, tuple):
+            axes = in_axes
+        else:
+            axes = (in_axes,) * len(args)
+        if len(axes) != len(args):
+            raise ValueError(
+                f"`in_axes` has {len(axes)} entries but the function got {len(args)} "
+                "positional arguments."
+            )
+        leaves, treedef = jax.tree.flatten(args)
+        leaf_axes = _broadcast_prefix(axes, args, "in_axes")
+        leaf_axes = [
+            None if ax is None else _normalise_axis(ax, jnp.ndim(x), "in_axes")
+            for x, ax in zip(leaves, leaf_axes, strict=True)
+        ]
+        sizes = {jnp.shape(x)[ax] for x, ax in zip(leaves, leaf_axes) if ax is not None}
+        if not sizes:
+            raise ValueError("`chunked_vmap` needs at least one mapped argument (in_axes).")
+        if len(sizes) > 1:
+            raise ValueError(f"Mapped arguments disagree on the mapped size: {sorted(sizes)}.")
+        (n,) = sizes
+        size = resolve_chunk_size(n, chunk_size, n_chunks)
+
+        def apply(start, length, leaves):
+            sliced = [
+                x if ax is None else lax.dynamic_slice_in_dim(x, start, length, ax)
+                for x, ax in zip(leaves, leaf_axes)
+            ]
+            return jax.vmap(f, axes, out_axes)(*jax.tree.unflatten(treedef, sliced))
+
+        if size >= n:  # One chunk: plain vmap, no loop.
+            return apply(0, n, leaves)
+
+        def chunk(start, length, leaves):
+            def run(start, leaves):
+                return apply(start, length, leaves)
+
+            run = jax.named_call(run, name=f"chunk_{length}")
+            if remat:
+                # Inside a loop, so CSE across iterations is impossible anyway.
+                run = jax.checkpoint(run, prevent_cse=False)
+            return run(start, leaves)
+
+        out_shape = jax.eval_shape(lambda *xs: apply(0, size, list(xs)), *leaves)
+        out_leaves_shape, out_treedef = jax.tree.flatten(out_shape)
+        out_leaf_axes = [
+            _normalise_axis(ax, len(s.shape), "out_axes")
+            for s, ax in zip(out_leaves_shape, _broadcast_prefix(out_axes, out_shape, "out_axes"))
+        ]
+        if any(ax is None for ax in out_leaf_axes):
+            raise ValueError("`chunked_vmap` does not support `out_axes=None`.")
+
+        def write(outs, ys, start):
+            return [
+                lax.dynamic_update_slice_in_dim(o, y, start, ax)
+                for o, y, ax in zip(outs, jax.tree.leaves(ys), out_leaf_axes)
+            ]
+
+        n_full, remainder = divmod(n, size)
+        outs = [
+            jnp.zeros(s.shape[:ax] + (n,) + s.shape[ax + 1 :], s.dtype)
+            for s, ax in zip(out_leaves_shape, out_leaf_axes)
+        ]
+
+        def body(i, outs):
+            start = i * size
+            outs = write(outs, chunk(start, size, leaves), start)
+            if on_chunk is not None:
+                jax.debug.callback(on_chunk, start + size, n)
+            return outs
+
+        outs = lax.fori_loop(0, n_full, body, outs)
+        if remainder:
+            start = n - remainder
+            outs = write(outs, chunk(start, remainder, leaves), start)
+            if on_chunk is not None:
+                jax.debug.callback(on_chunk, n, n)
+        return jax.tree.unflatten(out_treedef, outs)
+
+    return mapped

@@ -1,0 +1,190 @@
+"""What a post-processing problem is, and its compiled executables (cached).
+
+This is the one place where the computation is traced, jitted, compiled and donated; every
+strategy and the planner go through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._progress import on_chunk
+from ._strategies import STRATEGY_TABLE
+
+__all__ = ["Problem", "Executable", "executable", "analyse"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The shapes of one post-processing call: what the planner and the cache key on.
+
+    Attributes:
+        jax_fn: the per-draw function.
+        in_specs: the raw samples' shapes and dtypes, `(chains, draws, ...)` each.
+        device: where the computation runs.
+        out_specs: every output's shape and dtype, `(chains, draws, ...)` each.
+        forwarded: for each output, the index of the input it merely passes through (an
+            untransformed variable), or None. Such outputs are the input arrays themselves:
+            no copy, no work.
+    """
+
+    jax_fn: Callable
+    in_specs: tuple[jax.ShapeDtypeStruct, ...]
+    device: jax.Device
+    out_specs: tuple[jax.ShapeDtypeStruct, ...]
+    forwarded: tuple[int | None, ...]
+
+    @property
+    def chains(self) -> int:
+        return self.in_specs[0].shape[0]
+
+    @property
+    def draws(self) -> int:
+        return self.in_specs[0].shape[1]
+
+    @property
+    def n_items(self) -> int:
+        return self.chains * self.draws
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(_nbytes(s) for s in self.in_specs)
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of the outputs that must be newly allocated (not passed-through inputs)."""
+        return sum(_nbytes(s) for s, k in zip(self.out_specs, self.forwarded) if k is None)
+
+    @property
+    def computed(self) -> tuple[int, ...]:
+        """Indices of the outputs that are computed (not passed through)."""
+        return tuple(j for j, k in enumerate(self.forwarded) if k is None)
+
+    @property
+    def per_item_bytes(self) -> int:
+        """Input plus computed-output bytes of one draw."""
+        n = max(self.n_items, 1)
+        return (self.input_bytes + self.output_bytes) // n
+
+
+def _nbytes(spec: jax.ShapeDtypeStruct) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+
+_ANALYSIS_CACHE: OrderedDict = OrderedDict()
+
+
+def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], device) -> Problem:
+    """Trace `jax_fn` once on one draw's shapes: output shapes and passed-through inputs."""
+    in_specs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in in_specs)
+    key = (jax_fn, in_specs, device)
+    if key in _ANALYSIS_CACHE:
+        _ANALYSIS_CACHE.move_to_end(key)
+        return _ANALYSIS_CACHE[key]
+    lead = in_specs[0].shape[:2]
+    per_draw = [jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs]
+    closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
+    invars = list(closed.jaxpr.invars)
+    forwarded = tuple(
+        invars.index(v) if any(v is w for w in invars) else None for v in closed.jaxpr.outvars
+    )
+    out_specs = tuple(
+        jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in closed.out_avals
+    )
+    problem = Problem(jax_fn, in_specs, device, out_specs, forwarded)
+    _ANALYSIS_CACHE[key] = problem
+    if len(_ANALYSIS_CACHE) > 64:
+        _ANALYSIS_CACHE.popitem(last=False)
+    return problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Executable:
+    """A compiled strategy for one problem, with what it cost and what it will use.
+
+    Attributes:
+        compiled: the `jax.stages.Compiled` to call with the samples.
+        donated: the input indices it donates.
+        trace_seconds: time to trace and lower.
+        compile_seconds: time for XLA to compile.
+        temp_bytes: XLA's temporary buffers (`memory_analysis().temp_size_in_bytes`).
+        output_bytes: XLA's output buffers.
+        alias_bytes: output bytes written into donated inputs.
+    """
+
+    compiled: Any
+    donated: tuple[int, ...]
+    trace_seconds: float
+    compile_seconds: float
+    temp_bytes: int
+    output_bytes: int
+    alias_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """New memory at the peak of a run: outputs and temporaries, less aliased inputs."""
+        return self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
+_EXECUTABLES: OrderedDict = OrderedDict()
+
+
+def executable(
+    problem: Problem,
+    strategy: str,
+    chunk_size: int | None,
+    donate: Sequence[int] = (),
+    progress: bool = False,
+) -> Executable:
+    """Compile (or fetch from the cache) `strategy` for `problem`; nothing runs."""
+    donate = tuple(donate)
+    key = (problem, strategy, chunk_size, donate, progress)
+    if key in _EXECUTABLES:
+        _EXECUTABLES.move_to_end(key)
+        return _EXECUTABLES[key]
+    fn, computed = problem.jax_fn, problem.computed
+    strategy_fn = STRATEGY_TABLE[strategy]
+
+    def per_draw(*values):
+        outs = fn(*values)
+        return [outs[j] for j in computed]
+
+    def run(*samples):
+        return strategy_fn(per_draw, list(samples), chunk_size, on_chunk if progress else None)
+
+    sharding = jax.sharding.SingleDeviceSharding(problem.device)
+    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
+    tic = time.perf_counter()
+    lowered = jax.jit(run, donate_argnums=donate).lower(*specs)
+    toc = time.perf_counter()
+    compiled = lowered.compile()
+    compile_seconds = time.perf_counter() - toc
+    memory = compiled.memory_analysis()
+    result = Executable(
+        compiled=compiled,
+        donated=donate,
+        trace_seconds=toc - tic,
+        compile_seconds=compile_seconds,
+        temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
+        output_bytes=int(getattr(memory, "output_size_in_bytes", problem.output_bytes)),
+        alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
+    )
+    _EXECUTABLES[key] = result
+    if len(_EXECUTABLES) > 32:
+        _EXECUTABLES.popitem(last=False)
+    return result
+
+
+def execute(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.Array]:
+    """Run a compiled strategy. Donated buffers that XLA cannot reuse are not worth a warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        return list(exe.compiled(*samples))

@@ -1,0 +1,171 @@
+"""Devices, their free memory, and XLA's GPU memory settings."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Literal
+
+import jax
+
+__all__ = ["configure_memory", "free_bytes", "resolve_device"]
+
+_ENV = {
+    "preallocate": "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "mem_fraction": "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "allocator": "XLA_PYTHON_CLIENT_ALLOCATOR",
+}
+_ALLOCATORS = ("default", "platform", "bfc", "cuda_async")
+
+
+def resolve_device(postprocessing_backend: str | None) -> jax.Device:
+    """The device for `postprocessing_backend` (`None`, "cpu" or "gpu"), as pymc has it.
+
+    Raises:
+        ValueError: for an unknown backend, or one that this JAX install does not have. The
+            message names the backends that are available.
+    """
+    if postprocessing_backend is None:
+        return jax.devices()[0]
+    available = _available_backends()
+    if not isinstance(postprocessing_backend, str) or postprocessing_backend not in (
+        "cpu",
+        "gpu",
+        "cuda",
+        "rocm",
+        "tpu",
+    ):
+        raise ValueError(
+            f"Unknown `postprocessing_backend={postprocessing_backend!r}`. Pass None (the "
+            f"default device) or one of the available backends: {available}."
+        )
+    try:
+        return jax.devices(postprocessing_backend)[0]
+    except RuntimeError:
+        raise ValueError(
+            f"`postprocessing_backend={postprocessing_backend!r}` is not available in this JAX "
+            f"install. Available backends: {available}. Pass None for the default device."
+        ) from None
+
+
+def _available_backends() -> list[str]:
+    names = []
+    for name in ("cpu", "gpu", "tpu"):
+        try:
+            jax.devices(name)
+        except RuntimeError:
+            continue
+        names.append(name)
+    return names
+
+
+def free_bytes(device: jax.Device) -> int:
+    """Memory free for new buffers on `device`, in bytes.
+
+    On a GPU this is the allocator's pool left after JAX's preallocation
+    (`bytes_limit - bytes_in_use` from `device.memory_stats()`). On the CPU it is the
+    operating system's available RAM (`MemAvailable` of `/proc/meminfo`, or
+    `os.sysconf` where that file is missing), capped by a cgroup memory limit if one is set.
+    """
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return _host_available_bytes()
+
+
+def _host_available_bytes() -> int:
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if available is None:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    cgroup = _cgroup_free_bytes()
+    return min(available, cgroup) if cgroup is not None else available
+
+
+def _cgroup_free_bytes() -> int | None:
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+        return int(limit) - current
+    except (OSError, ValueError):
+        return None
+
+
+def configure_memory(
+    preallocate: bool | None = None,
+    mem_fraction: float | None = None,
+    allocator: Literal["default", "platform", "bfc", "cuda_async"] | None = None,
+) -> dict[str, str]:
+    """Set XLA's GPU client memory settings. Call it before JAX initialises a backend.
+
+    - `preallocate=False` (`XLA_PYTHON_CLIENT_PREALLOCATE=false`): grow the pool on demand
+      instead of taking `mem_fraction` of the GPU at start. Helps when several processes share
+      a GPU, or when post-processing runs on the CPU (`postprocessing_backend="cpu"`) and the
+      GPU needs little. Costs some allocation speed and more fragmentation.
+    - `mem_fraction` (`XLA_PYTHON_CLIENT_MEM_FRACTION`, in (0, 1]): the share of GPU memory
+      that the pool takes (JAX's default is 0.75). Raise it when post-processing on the GPU
+      needs the room; the planner reads the pool that results.
+    - `allocator="platform"` (`XLA_PYTHON_CLIENT_ALLOCATOR`): allocate exactly what is asked
+      and free it at once. Slow; for debugging out-of-memory errors only.
+
+    Args:
+        preallocate: whether to preallocate the pool; None leaves the setting as it is.
+        mem_fraction: the pool's share of GPU memory; None leaves it as it is.
+        allocator: one of "default", "platform", "bfc", "cuda_async"; None leaves it.
+
+    Returns:
+        The environment variables set, name to value.
+
+    Raises:
+        ValueError: for a value out of range. Nothing is set then.
+    """
+    settings: dict[str, str] = {}
+    if preallocate is not None:
+        if not isinstance(preallocate, bool):
+            raise ValueError(f"`preallocate` must be a bool or None, got {preallocate!r}.")
+        settings[_ENV["preallocate"]] = "true" if preallocate else "false"
+    if mem_fraction is not None:
+        if (
+            isinstance(mem_fraction, bool)
+            or not isinstance(mem_fraction, int | float)
+            or not 0 < mem_fraction <= 1
+        ):
+            raise ValueError(
+                f"`mem_fraction` must be a number in (0, 1], got {mem_fraction!r}. "
+                "For example 0.9 lets JAX's GPU pool take 90% of the GPU."
+            )
+        settings[_ENV["mem_fraction"]] = f"{float(mem_fraction):g}"
+    if allocator is not None:
+        if allocator not in _ALLOCATORS:
+            raise ValueError(f"`allocator` must be one of {_ALLOCATORS}, got {allocator!r}.")
+        settings[_ENV["allocator"]] = allocator
+    if settings and _backend_initialised():
+        warnings.warn(
+            "A JAX backend is already initialised, so XLA memory settings cannot take effect "
+            "in this process any more. Call `configure_memory` before the first JAX "
+            "computation (before sampling), or set the environment variables "
+            f"{sorted(settings)} before starting Python.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    os.environ.update(settings)
+    return settings
+
+
+def _backend_initialised() -> bool:
+    # No public API says whether a backend exists yet; `jax._src.xla_bridge._backends` is the
+    # registry that `jax.devices()` fills, read-only here.
+    from jax._src import xla_bridge
+
+    return bool(getattr(xla_bridge, "_backends", {}))

@@ -1,0 +1,207 @@
+"""`auto`: choose a strategy and chunk size under a memory budget.
+
+The planner reads XLA's own `memory_analysis()` of compiled candidates: it never guesses what
+XLA will allocate. Every candidate it compiles is kept in the executable cache, so the plan
+that wins is not compiled twice, and the compile seconds it spent are reported in the `Plan`.
+
+How it chooses (measured on a 2-core x86 CPU; see docs/strategies.md):
+
+1. No loop when the loop-free computation (`vmap`) has small temporaries and fits the budget.
+   It compiles fastest (XLA can take minutes to compile a loop around a large per-draw
+   function) and runs fastest when its working set is small.
+2. Otherwise chunks of the flattened chain x draw axis, sized so that one chunk's working set
+   (its temporaries, inputs and outputs) stays near `TARGET_CHUNK_BYTES`: vectorised enough
+   to amortise the per-iteration cost, small enough to stay in cache and to keep XLA's
+   temporaries (which jump with the chunk size) small. Chunk sizes that divide chains x draws
+   are preferred: they need no remainder step, so the per-draw function is compiled once.
+3. The chosen executable's compiled peak (outputs + temporaries - donated aliases) must fit
+   the budget; if not, the chunk is halved, down to 1. A budget that cannot hold the outputs
+   raises `MemoryError` before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from ._chunked import resolve_chunk_size
+from ._executable import Executable, Problem, executable
+from ._memory import free_bytes
+
+__all__ = ["Plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
+
+#: One chunk's working set that the planner aims for on a CPU (measured, docs/strategies.md).
+TARGET_CHUNK_BYTES = 4 * 2**20
+#: Loop-free `vmap` is chosen when its temporaries stay under this (and the budget allows).
+SMALL_TEMP_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What `auto` runs, and why.
+
+    Attributes:
+        strategy: the strategy name ("vmap" or "chunked", or as forced by the caller).
+        chunk_size: draws per chunk of the flattened chain x draw axis; None without chunks.
+        n_chunks: chunk evaluations (the last one may be smaller); None without chunks.
+        output_bytes: bytes of the outputs that must be allocated (pass-through outputs
+            such as untransformed variables reuse the input arrays and are not counted).
+        peak_bytes: predicted new memory at the peak: XLA's compiled outputs plus
+            temporaries, less outputs written into donated inputs.
+        budget_bytes: the memory budget the plan was made for.
+        reason: one readable sentence.
+        compile_seconds: XLA compile time of the chosen executable.
+        planning_seconds: wall time of planning, all compiles of candidates included.
+    """
+
+    strategy: str
+    chunk_size: int | None
+    n_chunks: int | None
+    output_bytes: int
+    peak_bytes: int
+    budget_bytes: int
+    reason: str
+    compile_seconds: float = 0.0
+    planning_seconds: float = 0.0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def check_budget(problem: Problem, budget: int) -> None:
+    """Raise `MemoryError` if `budget` cannot even hold the outputs."""
+    if problem.output_bytes > budget:
+        raise MemoryError(
+            f"Post-processing needs at least {_mib(problem.output_bytes)} for its outputs "
+            f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
+            f"{_mib(budget)}. Free memory, raise `memory_budget`, post-process fewer variables "
+            "(`var_names`), or thin the draws. Nothing was run; the draws are untouched."
+        )
+
+
+def resolve_budget(problem: Problem, memory_budget: int | None) -> int:
+    if memory_budget is None:
+        return free_bytes(problem.device)
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int | float):
+        raise ValueError(
+            f"`memory_budget` must be a number of bytes, got {memory_budget!r}. "
+            "Pass None to use the device's free memory."
+        )
+    if memory_budget <= 0:
+        raise ValueError(f"`memory_budget` must be positive, got {memory_budget}.")
+    return int(memory_budget)
+
+
+def _divisor_near(n: int, target: int) -> int:
+    """The divisor of `n` nearest to `target` within [target/2, target]; else `target`."""
+    target = max(1, min(target, n))
+    for size in range(target, max(target // 2, 1) - 1, -1):
+        if n % size == 0:
+            return size
+    return target
+
+
+def _make_plan(problem, budget, exe: Executable, strategy, size, reason, tic) -> Plan:
+    chunks = None if size is None else -(-problem.n_items // size)
+    return Plan(
+        strategy=strategy,
+        chunk_size=size,
+        n_chunks=chunks,
+        output_bytes=problem.output_bytes,
+        peak_bytes=exe.peak_bytes,
+        budget_bytes=budget,
+        reason=reason,
+        compile_seconds=exe.compile_seconds,
+        planning_seconds=time.perf_counter() - tic,
+    )
+
+
+def plan_problem(
+    problem: Problem,
+    budget: int,
+    *,
+    donate: Sequence[int] = (),
+    progress: bool = False,
+    force_chunked: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[Plan, Executable]:
+    """Plan `problem` under `budget` bytes; returns the plan and its compiled executable.
+
+    Args:
+        problem: the shapes to plan for.
+        budget: bytes available for the outputs and temporaries.
+        donate: input indices that will be donated (they change XLA's aliasing).
+        progress: compile with the progress callback.
+        force_chunked: skip the loop-free candidate (the caller asked for "chunked").
+        chunk_size: start the search from this chunk size instead of the planner's target.
+    """
+    tic = time.perf_counter()
+    check_budget(problem, budget)
+    n = problem.n_items
+    if not force_chunked and chunk_size is None:
+        whole = executable(problem, "vmap", None, donate, progress)
+        if whole.peak_bytes <= budget and whole.temp_bytes <= SMALL_TEMP_BYTES:
+            reason = (
+                f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of temporaries "
+                f"and {_mib(whole.peak_bytes)} in all, within the budget of {_mib(budget)}."
+            )
+            return _make_plan(problem, budget, whole, "vmap", None, reason, tic), whole
+        per_item_temp = whole.temp_bytes / max(n, 1)
+    else:
+        per_item_temp = 0.0
+    if chunk_size is None:
+        per_item = per_item_temp + problem.per_item_bytes
+        size = _divisor_near(n, int(TARGET_CHUNK_BYTES // max(per_item, 1)))
+        why = f"a working set near {_mib(TARGET_CHUNK_BYTES)} per chunk"
+    else:
+        size = resolve_chunk_size(n, chunk_size, None)
+        why = "the requested chunk size"
+    while True:
+        exe = executable(problem, "chunked", size, donate, progress)
+        if exe.peak_bytes <= budget:
+            reason = (
+                f"Chunks of {size} draws ({why}): {_mib(exe.temp_bytes)} of temporaries, "
+                f"{_mib(exe.peak_bytes)} in all, within the budget of {_mib(budget)}."
+            )
+            return _make_plan(problem, budget, exe, "chunked", size, reason, tic), exe
+        if size == 1:
+            raise MemoryError(
+                f"Even one draw at a time needs {_mib(exe.peak_bytes)} (outputs "
+                f"{_mib(problem.output_bytes)} plus XLA temporaries), over the memory budget "
+                f"of {_mib(budget)}. Nothing was run; the draws are untouched."
+            )
+        size = _divisor_near(n, size // 2)
+        why = "halved until the compiled peak fits the budget"
+
+
+def plan(
+    jax_fn: Callable,
+    raw_mcmc_samples: Sequence,
+    postprocessing_backend: str | None = None,
+    *,
+    memory_budget: int | None = None,
+) -> Plan:
+    """The plan that `postprocess_samples(..., "auto")` would run; compiles, runs nothing.
+
+    Args:
+        jax_fn: as for `postprocess_samples`.
+        raw_mcmc_samples: as for `postprocess_samples` (only shapes and dtypes are read).
+        postprocessing_backend: None, "cpu" or "gpu".
+        memory_budget: bytes for outputs and temporaries; None means the device's free memory
+            (available RAM on a CPU, the pool left after preallocation on a GPU).
+
+    Returns:
+        A `Plan`. Its compiled executable is cached: running the plan without donation
+        costs no second compile.
+
+    Raises:
+        ValueError: for bad input (see `postprocess_samples`).
+        MemoryError: if the budget cannot hold the outputs.
+    """
+    from ._postprocess import _validate  # the one validation path
+
+    problem, _ = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend, "auto", None, None)
+    budget = resolve_budget(problem, memory_budget)
+    return plan_problem(problem, budget)[0]

@@ -1,0 +1,49 @@
+"""A tqdm bar over chunks, fed from inside the compiled loop by `jax.debug.callback`.
+
+The compiled function is cached and reused across calls, so the callback cannot close over one
+bar: it updates whichever bar is active now. Updates are absolute (`items_done`), so callbacks
+that arrive out of order cannot make the bar go backwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = ["progress_bar", "on_chunk"]
+
+_lock = threading.Lock()
+_active: list = []
+
+
+def on_chunk(items_done, n_items) -> None:
+    """Host callback: `items_done` of `n_items` draws are post-processed."""
+    done = int(np.asarray(items_done))
+    with _lock:
+        if _active:
+            bar = _active[-1]
+            if done > bar.n:
+                bar.update(done - bar.n)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, desc: str, enable: bool) -> Iterator[None]:
+    """Show a tqdm bar of `total` draws while the body runs, if `enable`."""
+    if not enable:
+        yield
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="draw", dynamic_ncols=True)
+    with _lock:
+        _active.append(bar)
+    try:
+        yield
+        bar.update(total - bar.n)
+    finally:
+        with _lock:
+            _active.remove(bar)
+        bar.close()

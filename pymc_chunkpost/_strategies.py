@@ -1,0 +1,67 @@
+"""The post-processing strategies: one small function each, looked up in `STRATEGY_TABLE`.
+
+Each strategy maps a per-draw function `fn(*values) -> list[array]` over samples of shape
+`(chains, draws, ...)` and returns outputs of shape `(chains, draws, ...)`. They run inside the
+single `jax.jit` built by `_postprocess`, which also owns validation, device placement,
+planning and donation. None of them copies a whole sample array: loops read slices in place
+and write results in place (see `_chunked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+
+from ._chunked import _chunked
+
+__all__ = ["STRATEGIES", "STRATEGY_TABLE", "Progress"]
+
+# A per-chunk host callback: `progress(items_done, n_items)`, or None.
+Progress = Callable[[jax.Array, int], None] | None
+
+
+def _vmap(fn, samples, chunk_size, progress):
+    """Both axes vmapped: pymc's default. Fast; temporaries scale with chains x draws."""
+    del chunk_size, progress
+    return jax.vmap(jax.vmap(fn))(*samples)
+
+
+def _vmap_scan(fn, samples, chunk_size, progress):
+    """Chains vmapped, draws looped: pymc's "scan", without its two swapaxes copies."""
+    del chunk_size
+    return _chunked(jax.vmap(fn), 1, 1, 1, None, False, progress)(*samples)
+
+
+def _scan_vmap(fn, samples, chunk_size, progress):
+    """Chains looped, draws vmapped. Temporaries scale with draws."""
+    del chunk_size
+    return _chunked(jax.vmap(fn), 0, 0, 1, None, False, progress)(*samples)
+
+
+def _nested_scan(fn, samples, chunk_size, progress):
+    """Both axes looped, one draw at a time. Smallest temporaries, slowest."""
+    del chunk_size
+    per_chain = _chunked(fn, 0, 0, 1, None, False, None)
+    return _chunked(per_chain, 0, 0, 1, None, False, progress)(*samples)
+
+
+def _flat_chunked(fn, samples, chunk_size, progress):
+    """The flattened chain x draw axis in chunks of `chunk_size`, vmapped inside a chunk."""
+    chains, draws = samples[0].shape[:2]
+    flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast
+    outs = _chunked(fn, 0, 0, chunk_size, None, False, progress)(*flat)
+    return [y.reshape((chains, draws) + y.shape[1:]) for y in outs]
+
+
+STRATEGY_TABLE: dict[str, Callable] = {
+    "vmap": _vmap,
+    "scan": _vmap_scan,
+    "vmap_scan": _vmap_scan,
+    "scan_vmap": _scan_vmap,
+    "nested_scan": _nested_scan,
+    "chunked": _flat_chunked,
+}
+
+#: Every name `postprocess_samples` accepts as `postprocessing_vectorize`.
+STRATEGIES: tuple[str, ...] = (*STRATEGY_TABLE, "auto")
