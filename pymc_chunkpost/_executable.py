@@ -34,6 +34,10 @@ class Problem:
         forwarded: for each output, the index of the input it merely passes through (an
             untransformed variable), or None. Such outputs are the input arrays themselves:
             no copy, no work.
+        intermediate_bytes: per draw, the bytes of intermediates that XLA cannot fuse away
+            (results of dots, decompositions, solves, gathers, loops, ...), read from the
+            jaxpr. A cheap estimate of temporaries, used before anything is compiled.
+        n_equations: per draw, the number of equations in the jaxpr (nested ones included).
     """
 
     jax_fn: Callable
@@ -41,6 +45,8 @@ class Problem:
     device: jax.Device
     out_specs: tuple[jax.ShapeDtypeStruct, ...]
     forwarded: tuple[int | None, ...]
+    intermediate_bytes: int = 0
+    n_equations: int = 0
 
     @property
     def chains(self) -> int:
@@ -99,11 +105,59 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], device) 
     out_specs = tuple(
         jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in closed.out_avals
     )
-    problem = Problem(jax_fn, in_specs, device, out_specs, forwarded)
+    intermediate, n_equations = _jaxpr_cost(closed.jaxpr)
+    problem = Problem(jax_fn, in_specs, device, out_specs, forwarded, intermediate, n_equations)
     _ANALYSIS_CACHE[key] = problem
     if len(_ANALYSIS_CACHE) > 64:
         _ANALYSIS_CACHE.popitem(last=False)
     return problem
+
+
+# Primitives whose results XLA's fusion passes generally cannot keep out of memory.
+_MATERIALISING = {
+    "dot_general",
+    "cholesky",
+    "triangular_solve",
+    "lu",
+    "qr",
+    "eigh",
+    "eig",
+    "svd",
+    "householder_product",
+    "schur",
+    "gather",
+    "scatter",
+    "scatter-add",
+    "scatter_add",
+    "sort",
+    "cumsum",
+    "cumprod",
+    "cummax",
+    "cummin",
+    "cumlogsumexp",
+    "fft",
+    "conv_general_dilated",
+    "transpose",
+    "argsort",
+    "top_k",
+}
+
+
+def _jaxpr_cost(jaxpr) -> tuple[int, int]:
+    """Bytes of materialising intermediates and number of equations, nested jaxprs included."""
+    outvars = {id(v) for v in jaxpr.outvars}
+    total, count = 0, 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        nested = [v for v in eqn.params.values() if hasattr(v, "jaxpr") or hasattr(v, "eqns")]
+        for sub in nested:
+            sub_bytes, sub_count = _jaxpr_cost(getattr(sub, "jaxpr", sub))
+            total, count = total + sub_bytes, count + sub_count
+        if eqn.primitive.name in _MATERIALISING or nested:
+            for v in eqn.outvars:
+                if id(v) not in outvars and hasattr(v.aval, "shape"):
+                    total += int(np.prod(v.aval.shape, dtype=np.int64)) * v.aval.dtype.itemsize
+    return total, count
 
 
 @dataclasses.dataclass(frozen=True)
