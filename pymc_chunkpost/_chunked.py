@@ -1,15 +1,27 @@
 """`chunked_vmap`: `jax.vmap` evaluated in chunks under one loop.
 
-The mapped axis of length `n` is cut into `n // chunk_size` full chunks, evaluated by a
+The mapped axis of length `n` is cut into `ceil(n / chunk_size)` chunks, evaluated by a
 `lax.fori_loop` that reads each chunk with `dynamic_slice` from the (loop-invariant) inputs
-and writes each result in place into preallocated outputs with `dynamic_update_slice`. A
-remainder of `n % chunk_size` items is evaluated once more, after the loop, and written in
-place too. Nothing is padded, concatenated, transposed or swapped: the only full-size buffers
+and writes each result in place into preallocated outputs with `dynamic_update_slice`. When
+`chunk_size` does not divide `n`, the last chunk overlaps the one before it (it starts at
+`n - chunk_size`), recomputing fewer than `chunk_size` items and writing the same values
+again. Nothing is padded, concatenated, transposed or swapped: the only full-size buffers
 are the inputs and the outputs.
 
 Under reverse-mode autodiff the loop becomes a `scan`. With `remat=True` each chunk is wrapped
 in `jax.checkpoint`, so the scan keeps only the loop index per iteration (the inputs are
 loop-invariant) and recomputes one chunk's residuals at a time on the way back.
+
+The backward pass accumulates the cotangent of every loop-invariant input over the
+iterations. JAX writes that as `acc + dynamic_update_slice(zeros, ct, start)` (mapped inputs)
+and `acc + scatter_add(zeros, idx, ct)` (a gather from a broadcast input), which would be
+O(n) work per iteration, quadratic overall. XLA rewrites both into in-place updates of `acc`
+(`dynamic_update_slice(acc, acc[start] + ct, start)` and `scatter_add(acc, idx, ct)`); this was
+checked in the compiled HLO and measured (jax 0.10 and 0.12, CPU): the gradient time stays flat
+from 4 to 1024 chunks with 16 MiB inputs, and the compiled temporaries do not grow with `n`
+(which `tests/test_chunked_vmap.py` asserts through `memory_analysis()`). Reading the mapped
+inputs through the scan's `xs` instead would need the mapped axis leading and the chunk to
+divide `n`, and bought nothing measurable, so the loop keeps one path.
 """
 
 from __future__ import annotations
@@ -58,7 +70,26 @@ def resolve_chunk_size(n: int, chunk_size: int | None, n_chunks: int | None) -> 
     return max(1, min(int(chunk_size), n))
 
 
-def _normalise_axis(axis: int, ndim: int, what: str) -> int:
+def _check_axes(axes: Any, what: str, allow_none: bool) -> None:
+    """Validate a pytree of axes (ints, and `None` where allowed) before any tracing."""
+    if what == "in_axes" and not isinstance(axes, int | tuple | list) and axes is not None:
+        raise TypeError(
+            f"`in_axes` must be an int, None, or a tuple with one entry per positional "
+            f"argument (as for `jax.vmap`), got {axes!r}."
+        )
+    for axis in jax.tree.leaves(axes, is_leaf=lambda x: x is None):
+        if axis is None and allow_none:
+            continue
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise TypeError(
+                f"`{what}` leaves must be ints{' or None' if allow_none else ''}, got "
+                f"{axis!r} in {what}={axes!r}."
+            )
+
+
+def _normalise_axis(axis: int | None, ndim: int, what: str) -> int | None:
+    if axis is None:
+        return None
     if not -ndim <= axis < ndim:
         raise ValueError(f"{what} axis {axis} is out of range for an array with {ndim} dims.")
     return axis % ndim
@@ -66,17 +97,12 @@ def _normalise_axis(axis: int, ndim: int, what: str) -> int:
 
 def _broadcast_prefix(axes: Any, tree: Any, what: str) -> list[int | None]:
     """Per-leaf axes of `tree`, from `axes` given as a pytree prefix of it (as `jax.vmap`)."""
+    axis_leaves, axes_def = jax.tree.flatten(axes, is_leaf=lambda x: x is None)
     try:
-        per_leaf = jax.tree.map(
-            lambda axis, sub: jax.tree.map(lambda _: axis, sub),
-            axes,
-            tree,
-            is_leaf=lambda x: x is None,
-        )
+        subtrees = axes_def.flatten_up_to(tree)
     except ValueError as e:
         raise ValueError(f"`{what}` must be a pytree prefix of the {what[:-5]}s: {e}") from None
-    # `None` leaves were kept as leaves above; flatten them the same way.
-    return jax.tree.leaves(per_leaf, is_leaf=lambda x: x is None)
+    return [axis for axis, sub in zip(axis_leaves, subtrees) for _ in jax.tree.leaves(sub)]
 
 
 def chunked_vmap(
@@ -92,16 +118,21 @@ def chunked_vmap(
 
     Args:
         f: the function to map.
-        in_axes: as for `jax.vmap`: an int, `None`, or a pytree prefix of the positional
-            arguments. `None` broadcasts an argument to every item.
-        out_axes: as for `jax.vmap`: an int or a pytree prefix of the outputs.
+        in_axes: as for `jax.vmap`: an int, `None`, or a tuple with one pytree prefix per
+            positional argument; negative axes count from the end. `None` broadcasts an
+            argument to every item. Keyword arguments are mapped over axis 0, as in `jax.vmap`.
+        out_axes: as for `jax.vmap`: an int or a pytree prefix of the outputs. `None` marks an
+            output that does not depend on the mapped axis (taken from the last chunk).
         chunk_size: items per chunk. The last chunk may be smaller; it costs no output copy.
-            Memory: temporaries scale with `chunk_size`, not with the mapped length. Time: one
-            loop iteration per chunk; very small chunks lose vectorisation.
+            Memory: temporaries, including the backward pass's residuals with `remat=True`,
+            scale with `chunk_size`, not with the mapped length. Time: one loop iteration per
+            chunk (about 10-40 us of loop overhead each on CPU); very small chunks lose
+            vectorisation.
         n_chunks: alternatively, the number of chunks (`chunk_size = ceil(n / n_chunks)`).
         remat: under reverse-mode autodiff, recompute each chunk's residuals in the backward
-            pass (`jax.checkpoint`), so that it holds one chunk's residuals instead of all.
-            Costs one extra forward evaluation of `f` in the backward pass.
+            pass (`jax.checkpoint`), so that it holds one chunk's residuals instead of all
+            of them. Costs one extra forward evaluation of `f` in the backward pass. Without
+            it the forward pass stores every chunk's residuals: as much as `jax.vmap`.
 
     Returns:
         A function with the signature of `jax.vmap(f, in_axes, out_axes)`. With
@@ -110,8 +141,11 @@ def chunked_vmap(
     Raises:
         ValueError: bad `chunk_size`/`n_chunks` (raised here, before tracing), or mapped
             arguments whose sizes disagree (raised when called).
+        TypeError: `in_axes`/`out_axes` that are not ints (or `None`), raised here.
     """
     check_chunking(chunk_size, n_chunks)
+    _check_axes(in_axes, "in_axes", allow_none=True)
+    _check_axes(out_axes, "out_axes", allow_none=True)
     if chunk_size is None and n_chunks is None:
         return jax.vmap(f, in_axes, out_axes)
     return _chunked(f, in_axes, out_axes, chunk_size, n_chunks, remat, on_chunk=None)
@@ -131,12 +165,13 @@ def _chunked(
     `on_chunk(items_done, n_items)` is called through `jax.debug.callback` after each chunk.
     """
 
+    def f_kwargs(args, kwargs):
+        return f(*args, **kwargs)
+
     @functools.wraps(f)
-    def mapped(*args):
-        if isinstance(in_axes, list):
+    def mapped(*args, **kwargs):
+        if isinstance(in_axes, list | tuple):
             axes = tuple(in_axes)
-        elif isinstance(in_axes, tuple):
-            axes = in_axes
         else:
             axes = (in_axes,) * len(args)
         if len(axes) != len(args):
@@ -144,11 +179,14 @@ def _chunked(
                 f"`in_axes` has {len(axes)} entries but the function got {len(args)} "
                 "positional arguments."
             )
-        leaves, treedef = jax.tree.flatten(args)
-        leaf_axes = _broadcast_prefix(axes, args, "in_axes")
+        # Keyword arguments are mapped over axis 0, as in `jax.vmap`.
+        call_axes = (axes, 0)
+        leaves, treedef = jax.tree.flatten((args, kwargs))
         leaf_axes = [
-            None if ax is None else _normalise_axis(ax, jnp.ndim(x), "in_axes")
-            for x, ax in zip(leaves, leaf_axes, strict=True)
+            _normalise_axis(ax, jnp.ndim(x), "in_axes")
+            for x, ax in zip(
+                leaves, _broadcast_prefix(call_axes, (args, kwargs), "in_axes"), strict=True
+            )
         ]
         sizes = {jnp.shape(x)[ax] for x, ax in zip(leaves, leaf_axes) if ax is not None}
         if not sizes:
@@ -163,7 +201,7 @@ def _chunked(
                 x if ax is None else lax.dynamic_slice_in_dim(x, start, length, ax)
                 for x, ax in zip(leaves, leaf_axes)
             ]
-            return jax.vmap(f, axes, out_axes)(*jax.tree.unflatten(treedef, sliced))
+            return jax.vmap(f_kwargs, call_axes, out_axes)(*jax.tree.unflatten(treedef, sliced))
 
         if size >= n:  # One chunk: plain vmap, no loop.
             return apply(0, n, leaves)
@@ -184,34 +222,30 @@ def _chunked(
             _normalise_axis(ax, len(s.shape), "out_axes")
             for s, ax in zip(out_leaves_shape, _broadcast_prefix(out_axes, out_shape, "out_axes"))
         ]
-        if any(ax is None for ax in out_leaf_axes):
-            raise ValueError("`chunked_vmap` does not support `out_axes=None`.")
 
         def write(outs, ys, start):
             return [
-                lax.dynamic_update_slice_in_dim(o, y, start, ax)
+                y if ax is None else lax.dynamic_update_slice_in_dim(o, y, start, ax)
                 for o, y, ax in zip(outs, jax.tree.leaves(ys), out_leaf_axes)
             ]
 
-        n_full, remainder = divmod(n, size)
+        n_iterations = -(-n // size)
         outs = [
-            jnp.zeros(s.shape[:ax] + (n,) + s.shape[ax + 1 :], s.dtype)
+            jnp.zeros(s.shape if ax is None else s.shape[:ax] + (n,) + s.shape[ax + 1 :], s.dtype)
             for s, ax in zip(out_leaves_shape, out_leaf_axes)
         ]
 
         def body(i, outs):
-            start = i * size
+            # The last chunk overlaps the one before instead of being smaller: a separate
+            # remainder step after the loop would make XLA copy every output (measured:
+            # compiled temporaries then grow with `n`), and would compile `f` twice.
+            start = jnp.minimum(i * size, n - size)
             outs = write(outs, chunk(start, size, leaves), start)
             if on_chunk is not None:
                 jax.debug.callback(on_chunk, start + size, n)
             return outs
 
-        outs = lax.fori_loop(0, n_full, body, outs)
-        if remainder:
-            start = n - remainder
-            outs = write(outs, chunk(start, remainder, leaves), start)
-            if on_chunk is not None:
-                jax.debug.callback(on_chunk, n, n)
+        outs = lax.fori_loop(0, n_iterations, body, outs)
         return jax.tree.unflatten(out_treedef, outs)
 
     return mapped

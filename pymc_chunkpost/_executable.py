@@ -165,6 +165,8 @@ class Executable:
     """A compiled strategy for one problem, with what it cost and what it will use.
 
     Attributes:
+        strategy: the strategy compiled.
+        chunk_size: its chunk size, or None.
         compiled: the `jax.stages.Compiled` to call with the samples.
         donated: the input indices it donates.
         trace_seconds: time to trace and lower.
@@ -174,6 +176,8 @@ class Executable:
         alias_bytes: output bytes written into donated inputs.
     """
 
+    strategy: str
+    chunk_size: int | None
     compiled: Any
     donated: tuple[int, ...]
     trace_seconds: float
@@ -223,6 +227,8 @@ def executable(
     compile_seconds = time.perf_counter() - toc
     memory = compiled.memory_analysis()
     result = Executable(
+        strategy=strategy,
+        chunk_size=chunk_size,
         compiled=compiled,
         donated=donate,
         trace_seconds=toc - tic,
