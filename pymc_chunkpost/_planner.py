@@ -6,7 +6,8 @@ that wins is not compiled twice, and the compile seconds it spent are reported i
 
 How it chooses (measured on a 2-core x86 CPU; see docs/strategies.md):
 
-1. No loop when the loop-free computation (`vmap`) has small temporaries and fits the budget.
+1. No loop when the loop-free computation (`vmap`) has small temporaries (under 8 MiB, or
+   under 10% of the outputs) and fits the budget.
    It compiles fastest (XLA can take minutes to compile a loop around a large per-draw
    function) and runs fastest when its working set is small.
 2. Otherwise chunks of the flattened chain x draw axis, sized so that one chunk's working set
@@ -31,8 +32,10 @@ from ._memory import free_bytes
 
 __all__ = ["Plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
 
-#: Loop-free `vmap` is chosen when its temporaries stay under this (and the budget allows).
-SMALL_TEMP_BYTES = 64 * 2**20
+#: Loop-free `vmap` is chosen when its temporaries stay under this, or under
+#: `SMALL_TEMP_FRACTION` of the outputs (and the budget allows).
+SMALL_TEMP_BYTES = 8 * 2**20
+SMALL_TEMP_FRACTION = 0.1
 #: Per-iteration cost of a loop, per buffer it slices or updates, in bytes of work that take
 #: as long (measured: about 1.5 us per buffer per iteration on a 2-core x86 CPU).
 OVERHEAD_BYTES_PER_BUFFER = 64 * 2**10
@@ -184,9 +187,10 @@ def plan_problem(
     check_budget(problem, budget)
     n = problem.n_items
     per_item_temp = float(problem.intermediate_bytes)
-    if not force_chunked and chunk_size is None and n * per_item_temp <= SMALL_TEMP_BYTES:
+    small = max(SMALL_TEMP_BYTES, SMALL_TEMP_FRACTION * problem.output_bytes)
+    if not force_chunked and chunk_size is None and n * per_item_temp <= small:
         whole = executable(problem, "vmap", None, donate, progress)
-        if whole.peak_bytes <= budget and whole.temp_bytes <= SMALL_TEMP_BYTES:
+        if whole.peak_bytes <= budget and whole.temp_bytes <= small:
             reason = (
                 f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of temporaries "
                 f"and {_mib(whole.peak_bytes)} in all, within the budget of {_mib(budget)}."

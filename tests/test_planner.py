@@ -1,0 +1,222 @@
+"""`auto`: the planner, the budget, out-of-memory retries and progress."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import models
+import numpy as np
+import pymc as pm
+import pytest
+from test_postprocess import assert_same, reference
+
+import pymc_chunkpost as pc
+from pymc_chunkpost import _executable, _memory, _planner, _postprocess
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """An observation-level deterministic of 2,000 points: 16 KiB per draw."""
+    model = models.data_regression(n_obs=2000)
+    return model, models.jax_fn(model)
+
+
+def test_small_problem_runs_loop_free(built):
+    model, jax_fn = built("transforms")
+    raw = models.raw_draws(model, 2, 20)
+    plan = pc.plan(jax_fn, raw)
+    assert plan.strategy == "vmap" and plan.chunk_size is None and plan.n_chunks is None
+    assert 0 < plan.peak_bytes <= plan.budget_bytes
+    assert plan.compile_seconds > 0 and plan.planning_seconds >= plan.compile_seconds
+    assert "No loop" in plan.reason
+
+
+def test_plan_fields_and_budget(wide):
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 4, 250)
+    plan = pc.plan(jax_fn, raw)
+    assert dataclasses.is_dataclass(plan)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.strategy = "vmap"  # type: ignore[misc]
+    assert plan.output_bytes == 4 * 250 * (2000 + 1) * 8  # mu and sigma; beta passes through
+    assert plan.strategy == "chunked"
+    assert plan.n_chunks == -(-1000 // plan.chunk_size)
+    assert plan.budget_bytes == pytest.approx(_memory.free_bytes(jax.devices()[0]), rel=0.2)
+    # Within 10% of the floor: the outputs that cannot reuse the inputs.
+    assert plan.output_bytes <= plan.peak_bytes <= 1.1 * plan.output_bytes
+
+
+def test_auto_runs_exactly_the_plan(wide, monkeypatch):
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 3, 101)
+    plan = pc.plan(jax_fn, raw, memory_budget=2**30)
+    compiles = []
+    real = _executable.executable
+
+    def spy(*args, **kwargs):
+        compiles.append(args[1:3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_planner, "executable", spy)
+    outputs, ran = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**30)
+    assert (ran.strategy, ran.chunk_size, ran.peak_bytes) == (
+        plan.strategy,
+        plan.chunk_size,
+        plan.peak_bytes,
+    )
+    assert compiles == [(plan.strategy, plan.chunk_size)]  # fetched from the cache
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_budget_caps_the_chunk(wide):
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 2, 200)
+    loose = pc.plan(jax_fn, raw, memory_budget=2**32)
+    problem_out = loose.output_bytes
+    tight_budget = problem_out + 3 * 16_008  # room for about three draws' temporaries
+    tight = pc.plan(jax_fn, raw, memory_budget=tight_budget)
+    assert tight.peak_bytes <= tight_budget
+    assert tight.chunk_size is not None and tight.chunk_size <= 3
+    outputs = pc.postprocess_samples(jax_fn, raw, None, "auto", memory_budget=tight_budget)
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_budget_below_outputs_is_a_memory_error_before_work(wide):
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+    needed = 2 * 50 * 2001 * 8
+    with pytest.raises(MemoryError, match=rf"{needed / 2**20:,.1f} MiB"):
+        pc.postprocess_samples(jax_fn, raw, None, "auto", True, memory_budget=needed - 1)
+    with pytest.raises(MemoryError):
+        pc.plan(jax_fn, raw, memory_budget=needed - 1)
+    assert not any(x.is_deleted() for x in raw)
+
+
+@pytest.mark.parametrize("bad", [0, -5, "1GB", True])
+def test_bad_budget(built, bad):
+    model, jax_fn = built("transforms")
+    with pytest.raises(ValueError, match="memory_budget"):
+        pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 2), memory_budget=bad)
+
+
+def test_default_budget_is_free_memory(monkeypatch, wide):
+    model, jax_fn = wide
+    monkeypatch.setattr(_planner, "free_bytes", lambda device: 123_456_789)
+    assert pc.plan(jax_fn, models.raw_draws(model, 1, 3)).budget_bytes == 123_456_789
+
+
+def test_free_bytes_cpu_is_available_ram():
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    available = int(info["MemAvailable"].split()[0]) * 1024
+    assert _memory.free_bytes(jax.devices("cpu")[0]) == pytest.approx(available, rel=0.1)
+
+
+def test_free_bytes_gpu_is_the_pool_left():
+    class FakeGpu:
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 10 * 2**30, "bytes_in_use": 3 * 2**30, "peak_bytes_in_use": 0}
+
+    assert _memory.free_bytes(FakeGpu()) == 7 * 2**30
+
+
+class TestOutOfMemoryRetry:
+    """Fake XLA's RESOURCE_EXHAUSTED on large chunks: retried at half the chunk, draws kept."""
+
+    @pytest.fixture
+    def failing(self, monkeypatch):
+        attempts = []
+        real = _postprocess.execute
+
+        def execute(exe, samples, limit=[16]):  # noqa: B006 - the test sets it
+            size = exe.chunk_size or (samples[0].shape[0] * samples[0].shape[1])
+            attempts.append((exe.strategy, exe.chunk_size))
+            if size > limit[0]:
+                raise jax.errors.JaxRuntimeError(
+                    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB."
+                )
+            return real(exe, samples)
+
+        monkeypatch.setattr(_postprocess, "execute", execute)
+        return attempts, execute.__defaults__[0]
+
+    def test_retry_halves_down_to_success(self, wide, failing):
+        attempts, limit = failing
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+        expected = reference(jax_fn, raw)
+        with pytest.warns(RuntimeWarning, match="retrying with chunks of 50"):
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
+        assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 12)]
+        assert plan.strategy == "chunked" and plan.chunk_size == 12
+        assert "out of memory" in plan.reason
+        assert_same(outputs, expected)
+
+    def test_failure_at_one_draw_keeps_the_draws(self, wide, failing):
+        attempts, limit = failing
+        limit[0] = 0  # even one draw "fails"
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 4)]
+        copies = [np.asarray(x).copy() for x in raw]
+        with pytest.warns(RuntimeWarning), pytest.raises(MemoryError, match="draws are intact"):
+            pc.postprocess_samples(jax_fn, raw, None, "chunked", True, chunk_size=4)
+        assert [a[1] for a in attempts] == [4, 2, 1]
+        for x, y in zip(raw, copies):
+            assert not x.is_deleted()
+            np.testing.assert_array_equal(np.asarray(x), y)
+
+    def test_other_runtime_errors_are_not_retried(self, wide, monkeypatch):
+        def execute(exe, samples):
+            raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+        monkeypatch.setattr(_postprocess, "execute", execute)
+        model, jax_fn = wide
+        with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+            pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 4), None, "vmap")
+
+
+def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
+    import tqdm.auto
+
+    updates = []
+
+    class Recording(tqdm.auto.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 2, 30)
+    outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=7, progressbar=True)
+    err = capsys.readouterr().err
+    assert "Transforming variables" in err and "60/60" in err
+    # Updates came from inside the loop, chunk by chunk (9 chunks, the last overlapping).
+    assert sum(updates) == 60 and len(updates) >= 8, updates
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_progress_bar_off_prints_nothing(wide, capsys):
+    model, jax_fn = wide
+    pc.postprocess_samples(jax_fn, models.raw_draws(model, 2, 30), None, "chunked", chunk_size=7)
+    assert "Transforming" not in capsys.readouterr().err
+
+
+def test_many_scalars_stay_out_of_the_loop_compilation_trap():
+    """Issue 7: on a many-scalar model, `auto` must not compile a loop whose compile time is
+    far above the loop-free version's (XLA can take minutes on such loops)."""
+    with pm.Model() as model:
+        xs = [pm.HalfNormal(f"x{i}") for i in range(60)]
+        pm.Deterministic("total", sum(xs))
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 500)
+    plan = pc.plan(jax_fn, raw)
+    assert plan.strategy == "vmap", plan.reason
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
+    problem = _executable.analyse(jax_fn, specs, jax.devices()[0])
+    loop_free = _executable.executable(problem, "vmap", None, (), True)  # a fresh compile
+    assert plan.planning_seconds < 5 * loop_free.compile_seconds + 1.0
