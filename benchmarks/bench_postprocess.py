@@ -1,0 +1,224 @@
+"""Post-processing side by side: `auto` against pymc's "vmap"/"scan", `jax.lax.map` and
+numpyro's `soft_vmap`, each case in a fresh process.
+
+    python benchmarks/bench_postprocess.py --fixtures big_det,many_scalars --out bench.md
+
+Every case runs in its own Python process: the model is built and the raw draws are put on
+the device first (not timed), then the peak RSS is reset (`echo 5 > /proc/self/clear_refs`)
+and the post-processing is timed from the first call (trace + compile + run: what a user
+waits for). Peak extra memory is `VmHWM - VmRSS` before the call, from /proc/self/status.
+Every case donates the draws, as pymc does after sampling. The floor is the bytes of the
+outputs that cannot reuse input buffers (pass-through outputs are free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHES = (8, 64, 512)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def child(fixture: str, case: str, chains: int, draws: int) -> dict:
+    """Run one case in this (fresh) process; returns its measurements."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    sys.path.insert(0, str(ROOT))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
+    from pymc_chunkpost import _executable, _postprocess
+
+    model = FIXTURES[fixture].build()
+    fn = jax_fn(model)
+    raw = [jnp.asarray(x) for x in raw_draws(model, chains, draws, 0)]
+    jax.block_until_ready(raw)
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
+    problem = _executable.analyse(fn, specs, jax.devices()[0])
+    n = chains * draws
+    compile_seconds = planning = None
+    name, _, batch = case.partition(":")
+
+    def flat_call(mapper):
+        """`mapper(g, flat_inputs)` over the flattened chain x draw axis, jitted, donated."""
+
+        def g(args):
+            return list(fn(*args))
+
+        def whole(*xs):
+            flat = [x.reshape((n,) + x.shape[2:]) for x in xs]
+            return [y.reshape((chains, draws) + y.shape[1:]) for y in mapper(g, flat)]
+
+        return jax.jit(whole, donate_argnums=tuple(range(len(raw))))
+
+    gc_base = _status("VmRSS")
+    _reset_peak()
+    tic = time.perf_counter()
+    if name == "auto" or name == "auto_progress":
+        outputs, plan = _postprocess.run(
+            fn, raw, None, "auto", True, progressbar=name == "auto_progress"
+        )
+        compile_seconds, planning = plan.compile_seconds, plan.planning_seconds
+        detail = f"{plan.strategy} {plan.chunk_size or ''}".strip()
+    elif name == "pymc_scan":
+        from pymc.sampling.jax import _postprocess_samples
+
+        outputs = _postprocess_samples(fn, raw, None, "scan", True)
+        detail = "not jitted"
+    else:
+        if name == "pymc_vmap":  # exactly pymc's "vmap" path, compiled ahead to time it
+            jitted = jax.jit(lambda x: jax.vmap(jax.vmap(fn))(*x), donate_argnums=0)
+            args = (raw,)
+        elif name == "lax_map":
+            jitted = flat_call(lambda g, xs: jax.lax.map(g, xs, batch_size=int(batch)))
+            args = tuple(raw)
+        elif name == "soft_vmap":
+            from numpyro.util import soft_vmap
+
+            jitted = flat_call(lambda g, xs: soft_vmap(g, xs, batch_ndims=1, chunk_size=int(batch)))
+            args = tuple(raw)
+        else:
+            raise ValueError(case)
+        lowered = jitted.lower(*args)
+        toc = time.perf_counter()
+        compiled = lowered.compile()
+        compile_seconds = time.perf_counter() - toc
+        outputs = compiled(*args)
+        detail = f"batch {batch}" if batch else ""
+    jax.block_until_ready(outputs)
+    total = time.perf_counter() - tic
+    peak = _status("VmHWM") - gc_base
+    checksum = float(sum(np.asarray(jnp.sum(jnp.asarray(o, jnp.float64))) for o in outputs))
+    return {
+        "fixture": fixture,
+        "case": case,
+        "detail": detail,
+        "total_s": total,
+        "compile_s": compile_seconds,
+        "planning_s": planning,
+        "peak_extra_bytes": peak,
+        "floor_bytes": problem.output_bytes,
+        "checksum": checksum,
+    }
+
+
+def run_case(fixture, case, chains, draws, timeout) -> dict:
+    command = [sys.executable, __file__, "--child", fixture, case, str(chains), str(draws)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"fixture": fixture, "case": case, "error": f"over {timeout} s"}
+    if result.returncode != 0:
+        return {"fixture": fixture, "case": case, "error": result.stderr.strip()[-300:]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _fmt(x, spec):
+    return "–" if x is None else format(x, spec)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| fixture | case | detail | total s | compile s | peak extra MiB | vs floor | same |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    reference = {
+        r["fixture"]: r["checksum"] for r in rows if r["case"] == "pymc_vmap" and "checksum" in r
+    }
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['fixture']} | {r['case']} | {r['error'][:60]} | | | | | |")
+            continue
+        ref = reference.get(r["fixture"])
+        same = (
+            "–"
+            if ref is None
+            else ("yes" if abs(r["checksum"] - ref) <= 1e-8 * max(1, abs(ref)) else "NO")
+        )
+        lines.append(
+            f"| {r['fixture']} | {r['case']} | {r['detail']} | {r['total_s']:.3f} | "
+            f"{_fmt(r['compile_s'], '.3f')} | {r['peak_extra_bytes'] / 2**20:,.0f} | "
+            f"{r['peak_extra_bytes'] / max(r['floor_bytes'], 1):.2f} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixtures", default="big_det,many_scalars,wide,gp,eight_schools")
+    parser.add_argument("--cases", default=None, help="comma-separated; default: all anchors")
+    parser.add_argument("--chains", type=int, default=None)
+    parser.add_argument("--draws", type=int, default=None)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--out", default=None, help="write the table (markdown) here too")
+    parser.add_argument("--json", default=None, help="write the raw rows here")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        fixture, case, chains, draws = args.child
+        print(json.dumps(child(fixture, case, int(chains), int(draws))))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    from profiling.fixtures import FIXTURES
+
+    batches = args.batches.split(",")
+    cases = (
+        args.cases.split(",")
+        if args.cases
+        else (
+            ["pymc_vmap", "pymc_scan"]
+            + [f"lax_map:{b}" for b in batches]
+            + [f"soft_vmap:{b}" for b in batches]
+            + ["auto", "auto_progress"]
+        )
+    )
+    rows = []
+    for fixture in args.fixtures.split(","):
+        spec = FIXTURES[fixture]
+        chains, draws = args.chains or spec.chains, args.draws or spec.draws
+        for case in cases:
+            row = run_case(fixture, case, chains, draws, args.timeout)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    text = table(rows)
+    print(text)
+    import jax
+    import pymc
+
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPU cores, Python "
+        f"{sys.version.split()[0]}, jax {jax.__version__}, pymc {pymc.__version__}; each case "
+        "in a fresh process; peak extra memory from VmHWM.\n\n"
+    )
+    if args.out:
+        Path(args.out).write_text(header + text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
