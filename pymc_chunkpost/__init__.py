@@ -2,6 +2,10 @@
 
 from ._chunked import chunked_vmap as chunked_vmap
 from ._memory import configure_memory as configure_memory
+from ._patch import is_patched as is_patched
+from ._patch import patch as patch
+from ._patch import patched as patched
+from ._patch import unpatch as unpatch
 from ._planner import Plan as Plan
 from ._planner import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples

@@ -128,7 +128,9 @@ def chunked_vmap(
             argument to every item. Keyword arguments are mapped over axis 0, as in `jax.vmap`.
         out_axes: as for `jax.vmap`: an int or a pytree prefix of the outputs. `None` marks an
             output that does not depend on the mapped axis (taken from the last chunk).
-        chunk_size: items per chunk. The last chunk may be smaller; it costs no output copy.
+        chunk_size: items per chunk. When it does not divide the mapped length, the last
+            chunk overlaps the one before (recomputing fewer than `chunk_size` items); this
+            costs no output copy.
             Memory: temporaries, including the backward pass's residuals with `remat=True`,
             scale with `chunk_size`, not with the mapped length. Time: one loop iteration per
             chunk (about 10-40 us of loop overhead each on CPU); very small chunks lose

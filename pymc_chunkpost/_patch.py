@@ -1,0 +1,449 @@
+"""`patch`: route PyMC's JAX NUTS post-processing through `pymc_chunkpost`.
+
+`patch()` replaces four attributes of `pymc.sampling.jax`:
+
+- `_postprocess_samples`, which pymc calls for the posterior and, through
+  `_get_log_likelihood`, for the pointwise log-likelihood;
+- `sample_jax_nuts`, which takes the plugin's options, checks them before any sampling,
+  runs pymc's own `sample_jax_nuts` and records the plan in `idata.posterior.attrs`;
+- `sample_numpyro_nuts` and `sample_blackjax_nuts`, which pymc binds to the original
+  `sample_jax_nuts` with `functools.partial` at import time.
+
+`pm.sample(nuts_sampler="numpyro" | "blackjax")` looks up `pymc.sampling.jax.sample_jax_nuts` at
+call time, so it goes through the patch too. The options of one sampling call travel to the
+patched `_postprocess_samples` in a context variable; pymc's own code is not modified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import inspect
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import _postprocess
+from ._memory import resolve_device
+from ._planner import Plan
+from ._strategies import STRATEGIES
+
+__all__ = ["patch", "unpatch", "is_patched", "patched"]
+
+#: The options that `pm.sample` and `sample_*_nuts` accept while patched, and the
+#: `postprocess_samples` argument each one becomes.
+OPTIONS: dict[str, str] = {
+    "postprocessing_vectorize": "postprocessing_vectorize",
+    "postprocessing_chunk_size": "chunk_size",
+    "postprocessing_n_chunks": "n_chunks",
+    "postprocessing_memory_budget": "memory_budget",
+}
+_CHUNK_STRATEGIES = ("chunked", "auto")
+_PYMC_STRATEGIES = ("vmap", "scan")  # what pymc's own `_postprocess_samples` knows
+_TARGETS = (
+    "_postprocess_samples",
+    "sample_jax_nuts",
+    "sample_numpyro_nuts",
+    "sample_blackjax_nuts",
+)
+
+_P = inspect.Parameter
+_EMPTY = inspect.Parameter.empty
+_ANY = object()  # "any default": the plugin does not depend on this parameter's default
+# The signatures the plugin knows (pymc 5.28 and 6.4), as (name, kind, default). A default of
+# `_ANY` is not compared; the others are read or relied on by the plugin.
+_KNOWN_SIGNATURES: dict[str, tuple[tuple[str, Any, Any], ...]] = {
+    "_postprocess_samples": (
+        ("jax_fn", _P.POSITIONAL_OR_KEYWORD, _EMPTY),
+        ("raw_mcmc_samples", _P.POSITIONAL_OR_KEYWORD, _EMPTY),
+        ("postprocessing_backend", _P.POSITIONAL_OR_KEYWORD, None),
+        ("postprocessing_vectorize", _P.POSITIONAL_OR_KEYWORD, "vmap"),
+        ("donate_samples", _P.POSITIONAL_OR_KEYWORD, False),
+    ),
+    "sample_jax_nuts": (
+        ("draws", _P.POSITIONAL_OR_KEYWORD, _ANY),
+        *(
+            (name, _P.KEYWORD_ONLY, _ANY)
+            for name in (
+                "tune",
+                "chains",
+                "target_accept",
+                "random_seed",
+                "initvals",
+                "jitter",
+                "model",
+                "var_names",
+            )
+        ),
+        ("nuts_kwargs", _P.KEYWORD_ONLY, None),
+        ("progressbar", _P.KEYWORD_ONLY, True),
+        ("quiet", _P.KEYWORD_ONLY, False),
+        ("keep_untransformed", _P.KEYWORD_ONLY, _ANY),
+        ("chain_method", _P.KEYWORD_ONLY, _ANY),
+        ("postprocessing_backend", _P.KEYWORD_ONLY, None),
+        ("postprocessing_vectorize", _P.KEYWORD_ONLY, None),
+        ("postprocessing_chunks", _P.KEYWORD_ONLY, _ANY),
+        ("idata_kwargs", _P.KEYWORD_ONLY, _ANY),
+        ("compute_convergence_checks", _P.KEYWORD_ONLY, _ANY),
+        ("nuts_sampler", _P.KEYWORD_ONLY, _EMPTY),
+    ),
+}
+# The names each function must look up as module globals at call time, for the patch to reach.
+_GLOBALS_USED = {
+    "sample_jax_nuts": ("_postprocess_samples", "_get_log_likelihood"),
+    "_get_log_likelihood": ("_postprocess_samples",),
+}
+
+
+@dataclasses.dataclass
+class _Session:
+    """The plugin's options for one sampling call, and the plans that ran in it."""
+
+    strategy: str
+    chunk_size: int | None
+    n_chunks: int | None
+    memory_budget: int | float | None
+    progressbar: bool
+    plans: list[Plan] = dataclasses.field(default_factory=list)
+
+
+_session: contextvars.ContextVar[_Session | None] = contextvars.ContextVar(
+    "pymc_chunkpost_session", default=None
+)
+_lock = threading.Lock()
+_originals: dict[str, Any] | None = None  # pymc's objects while patched, else None
+
+
+def patch() -> None:
+    """Make PyMC's JAX samplers post-process their draws with `pymc_chunkpost`.
+
+    Afterwards `pm.sample(nuts_sampler="numpyro" | "blackjax", ...)`,
+    `pymc.sampling.jax.sample_jax_nuts`, `sample_numpyro_nuts` and `sample_blackjax_nuts`
+    post-process the posterior and the log-likelihood with `postprocess_samples`, and accept
+    these options, alongside pymc's own (pymc 6: inside `nuts={...}`; pymc 5: inside
+    `nuts_sampler_kwargs={...}`; `sample_*_nuts`: as keyword arguments):
+
+    - `postprocessing_vectorize`: a strategy from `STRATEGIES` (see `postprocess_samples`
+      for what each costs); default "auto", the fastest plan that fits the memory budget.
+      pymc's "vmap" (fast, temporaries scale with chains x draws) and "scan" keep their
+      meaning.
+    - `postprocessing_chunk_size` / `postprocessing_n_chunks`: draws per chunk, or the number
+      of chunks, for "chunked" and "auto". Smaller chunks use less memory and take longer.
+    - `postprocessing_memory_budget`: bytes the outputs and temporaries may take; default the
+      device's free memory.
+
+    They are checked before sampling starts: a bad value is a `ValueError` (naming the valid
+    strategies for an unknown one), and nothing is sampled. pymc's `postprocessing_backend`
+    works as before; the post-processing progress bar follows pymc's `progressbar`/`quiet`.
+    The strategy and chunk size that ran are recorded in `idata.posterior.attrs` as
+    `postprocessing_strategy` and `postprocessing_chunk_size` (absent without chunks).
+    Post-processing is deterministic: with the same seed, the draws and the log-likelihood
+    equal those of unpatched pymc. pymc's warning that `postprocessing_vectorize` "will be
+    removed" is not emitted, as the plugin owns the option.
+
+    Calling `patch()` again does nothing.
+
+    Raises:
+        RuntimeError: pymc's `_postprocess_samples` or `sample_jax_nuts` has a signature the
+            plugin does not know. Nothing is patched then.
+    """
+    global _originals
+    import pymc.sampling.jax as pymc_jax
+
+    with _lock:
+        if _originals is not None:
+            return
+        originals = {name: getattr(pymc_jax, name) for name in _TARGETS}
+        _check_pymc(pymc_jax)
+        sample_jax_nuts = _make_sample_jax_nuts(originals["sample_jax_nuts"])
+        replacements = {
+            "_postprocess_samples": _make_postprocess_samples(originals["_postprocess_samples"]),
+            "sample_jax_nuts": sample_jax_nuts,
+            "sample_numpyro_nuts": functools.partial(sample_jax_nuts, nuts_sampler="numpyro"),
+            "sample_blackjax_nuts": functools.partial(sample_jax_nuts, nuts_sampler="blackjax"),
+        }
+        try:
+            for name, value in replacements.items():
+                setattr(pymc_jax, name, value)
+        except BaseException:
+            for name, value in originals.items():
+                setattr(pymc_jax, name, value)
+            raise
+        _originals = originals
+
+
+def unpatch() -> None:
+    """Restore PyMC's own functions (the very objects `patch` replaced).
+
+    Calling `unpatch()` when not patched does nothing.
+    """
+    global _originals
+    with _lock:
+        if _originals is None:
+            return
+        import pymc.sampling.jax as pymc_jax
+
+        for name, value in _originals.items():
+            setattr(pymc_jax, name, value)
+        _originals = None
+
+
+def is_patched() -> bool:
+    """Whether `patch` is in effect."""
+    return _originals is not None
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[None]:
+    """`patch` for the body of a `with` block; the previous state returns on exit.
+
+    PyMC is restored even when the body raises. If pymc was already patched on entry, it
+    stays patched.
+
+    Raises:
+        RuntimeError: as `patch`.
+    """
+    was_patched = is_patched()
+    patch()
+    try:
+        yield
+    finally:
+        if not was_patched:
+            unpatch()
+
+
+def _check_pymc(pymc_jax) -> None:
+    """Refuse a pymc whose functions the plugin does not know, before anything is patched."""
+    import pymc
+
+    for name, known in _KNOWN_SIGNATURES.items():
+        params = inspect.signature(getattr(pymc_jax, name)).parameters.values()
+        difference = _difference(tuple((p.name, p.kind, p.default) for p in params), known)
+        if difference:
+            raise RuntimeError(
+                f"pymc_chunkpost cannot patch pymc {pymc.__version__}: the signature of "
+                f"`pymc.sampling.jax.{name}` is not one it knows ({difference}). Nothing was "
+                "patched. Call `pymc_chunkpost.postprocess_samples` directly, or use a pymc "
+                "version the plugin supports (5.28 and 6.4 are tested)."
+            )
+    for name, needed in _GLOBALS_USED.items():
+        code = getattr(getattr(pymc_jax, name), "__code__", None)
+        missing = [g for g in needed if code is None or g not in code.co_names]
+        if missing:
+            raise RuntimeError(
+                f"pymc_chunkpost cannot patch pymc {pymc.__version__}: "
+                f"`pymc.sampling.jax.{name}` does not call {missing} through the module, so "
+                "the patch would not reach it. Nothing was patched."
+            )
+
+
+def _difference(found, known) -> str:
+    """How signature `found` differs from `known`, in words; "" where they agree."""
+    found_by_name = {name: (kind, default) for name, kind, default in found}
+    known_by_name = {name: (kind, default) for name, kind, default in known}
+    notes = []
+    if missing := [name for name in known_by_name if name not in found_by_name]:
+        notes.append(f"missing parameters {missing}")
+    if unknown := [name for name in found_by_name if name not in known_by_name]:
+        notes.append(f"unknown parameters {unknown}")
+    for name, (kind, default) in known_by_name.items():
+        if name not in found_by_name:
+            continue
+        found_kind, found_default = found_by_name[name]
+        if found_kind is not kind:
+            notes.append(f"`{name}` is {found_kind.description}, expected {kind.description}")
+        if default is not _ANY and not (
+            type(found_default) is type(default) and found_default == default
+        ):
+            notes.append(f"`{name}` defaults to {found_default!r}, expected {default!r}")
+    if not notes and [f[0] for f in found] != [k[0] for k in known]:
+        notes.append("the parameters are in another order")
+    return "; ".join(notes)
+
+
+def _make_postprocess_samples(original: Callable) -> Callable:
+    def _postprocess_samples(
+        jax_fn,
+        raw_mcmc_samples,
+        postprocessing_backend=None,
+        postprocessing_vectorize="vmap",
+        donate_samples=False,
+    ):
+        """pymc's `_postprocess_samples`, patched by `pymc_chunkpost.patch`.
+
+        Inside a patched sampling call, the sampling call's options decide (pymc's
+        `postprocessing_vectorize` argument is then its own placeholder and is ignored).
+        Outside one, "vmap" and "scan" run pymc's own function, and the other strategies of
+        `STRATEGIES` run `postprocess_samples`.
+        """
+        session = _session.get()
+        if session is None:
+            if postprocessing_vectorize in _PYMC_STRATEGIES:
+                return original(
+                    jax_fn,
+                    raw_mcmc_samples,
+                    postprocessing_backend,
+                    postprocessing_vectorize,
+                    donate_samples,
+                )
+            outputs, _ = _postprocess.run(
+                jax_fn,
+                raw_mcmc_samples,
+                postprocessing_backend,
+                postprocessing_vectorize,
+                donate_samples,
+            )
+            return outputs
+        outputs, plan = _postprocess.run(
+            jax_fn,
+            raw_mcmc_samples,
+            postprocessing_backend,
+            session.strategy,
+            donate_samples,
+            chunk_size=session.chunk_size,
+            n_chunks=session.n_chunks,
+            memory_budget=session.memory_budget,
+            progressbar=session.progressbar,
+        )
+        session.plans.append(plan)
+        return outputs
+
+    return _postprocess_samples
+
+
+def _pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the plugin's options out of `kwargs` and out of `kwargs["nuts_kwargs"]`.
+
+    pymc 6's `pm.sample(nuts={...})` lifts `postprocessing_vectorize` to a keyword argument
+    but leaves the others in `nuts_kwargs`, meant for the NUTS kernel; none may reach it.
+    """
+    options = {name: kwargs.pop(name) for name in OPTIONS if name in kwargs}
+    nuts_kwargs = kwargs.get("nuts_kwargs")
+    if nuts_kwargs and any(name in nuts_kwargs for name in OPTIONS):
+        nuts_kwargs = dict(nuts_kwargs)
+        for name in OPTIONS:
+            if name not in nuts_kwargs:
+                continue
+            if name in options:
+                raise ValueError(
+                    f"`{name}` was given twice, as a keyword argument and in `nuts_kwargs`. "
+                    "Pass it once."
+                )
+            options[name] = nuts_kwargs.pop(name)
+        kwargs["nuts_kwargs"] = nuts_kwargs
+    return options
+
+
+def _check_options(options: dict[str, Any], postprocessing_backend: Any) -> None:
+    """Every check `postprocess_samples` would make on the options, before sampling."""
+    strategy = options["postprocessing_vectorize"]
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown `postprocessing_vectorize={strategy!r}`. Valid strategies: "
+            f"{', '.join(STRATEGIES)}. Nothing was sampled."
+        )
+    chunk_size = options["postprocessing_chunk_size"]
+    n_chunks = options["postprocessing_n_chunks"]
+    if chunk_size is not None and n_chunks is not None:
+        raise ValueError(
+            "Pass `postprocessing_chunk_size` or `postprocessing_n_chunks`, not both (got "
+            f"{chunk_size=}, {n_chunks=}). Nothing was sampled."
+        )
+    for name in ("postprocessing_chunk_size", "postprocessing_n_chunks"):
+        value = options[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(
+                f"`{name}` must be a positive int, got {value!r} of type {type(value).__name__}. "
+                f"Pass `{name}=None` to let the planner choose. Nothing was sampled."
+            )
+        if value is not None and value <= 0:
+            raise ValueError(
+                f"`{name}` must be a positive int, got {value}. Pass `{name}=None` to let the "
+                "planner choose. Nothing was sampled."
+            )
+    if strategy not in _CHUNK_STRATEGIES and (chunk_size is not None or n_chunks is not None):
+        raise ValueError(
+            "`postprocessing_chunk_size`/`postprocessing_n_chunks` apply to the strategies "
+            f"{_CHUNK_STRATEGIES}, not to {strategy!r}. Pass "
+            "`postprocessing_vectorize='chunked'` to set the chunk size. Nothing was sampled."
+        )
+    budget = options["postprocessing_memory_budget"]
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0
+    ):
+        raise ValueError(
+            f"`postprocessing_memory_budget` must be a positive number of bytes, got {budget!r}. "
+            "Pass None to use the device's free memory. Nothing was sampled."
+        )
+    resolve_device(postprocessing_backend)
+
+
+def _make_sample_jax_nuts(original: Callable) -> Callable:
+    def sample_jax_nuts(*args, **kwargs):
+        """pymc's `sample_jax_nuts`, post-processing with `pymc_chunkpost` (see `patch`).
+
+        Takes pymc's arguments and `postprocessing_vectorize` (any of `STRATEGIES`, default
+        "auto"), `postprocessing_chunk_size`, `postprocessing_n_chunks` and
+        `postprocessing_memory_budget`, as keyword arguments or inside `nuts_kwargs`. They
+        are checked before sampling; the plan that ran is recorded in
+        `idata.posterior.attrs`.
+        """
+        options = dict.fromkeys(OPTIONS) | _pop_options(kwargs)
+        if options["postprocessing_vectorize"] is None:
+            options["postprocessing_vectorize"] = "auto"
+        _check_options(options, kwargs.get("postprocessing_backend"))
+        session = _Session(
+            strategy=options["postprocessing_vectorize"],
+            chunk_size=options["postprocessing_chunk_size"],
+            n_chunks=options["postprocessing_n_chunks"],
+            memory_budget=options["postprocessing_memory_budget"],
+            progressbar=bool(kwargs.get("progressbar", True)) and not kwargs.get("quiet", False),
+        )
+        token = _session.set(session)
+        try:
+            # None: pymc then neither warns that the option "will be removed" nor uses it.
+            idata = original(*args, postprocessing_vectorize=None, **kwargs)
+        except TypeError as error:
+            if kwargs.get("nuts_sampler") == "blackjax" and (
+                "unexpected keyword argument 'progress_bar'" in str(error)
+            ):
+                raise TypeError(
+                    f"{error}. This is a known incompatibility of pymc's blackjax sampler "
+                    "with blackjax >= 1.6 (patched or not); install `blackjax<1.6`, or use "
+                    "`nuts_sampler='numpyro'`."
+                ) from error
+            raise
+        finally:
+            _session.reset(token)
+        if not session.plans:
+            warnings.warn(
+                "pymc_chunkpost did not post-process this sampling run (was `unpatch()` "
+                "called while a reference to the patched sampler was kept?); pymc's own "
+                "post-processing ran.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return idata
+        _record(idata, session.plans[-1])  # pymc post-processes the posterior last
+        return idata
+
+    # pymc's signature plus the plugin's options, for `help()` and `inspect`.
+    parameters = list(inspect.signature(original).parameters.values())
+    extra = [_P(name, _P.KEYWORD_ONLY, default=None) for name in list(OPTIONS)[1:]]
+    sample_jax_nuts.__signature__ = inspect.signature(original).replace(
+        parameters=parameters[:-1] + extra + parameters[-1:]
+    )
+    return sample_jax_nuts
+
+
+def _record(idata: Any, plan: Plan) -> None:
+    """Write the posterior's plan to `idata.posterior.attrs` (InferenceData or DataTree)."""
+    attrs = idata.posterior.attrs
+    attrs["postprocessing_strategy"] = plan.strategy
+    if plan.chunk_size is None:
+        attrs.pop("postprocessing_chunk_size", None)
+    else:
+        attrs["postprocessing_chunk_size"] = int(plan.chunk_size)
