@@ -160,35 +160,46 @@ def _jaxpr_cost(jaxpr) -> tuple[int, int]:
     return total, count
 
 
+#: Internal strategy: the chunked map driven by a host loop over one compiled chunk step.
+HOST_CHUNKED = "chunked_host"
+
+
 @dataclasses.dataclass(frozen=True)
 class Executable:
     """A compiled strategy for one problem, with what it cost and what it will use.
 
     Attributes:
-        strategy: the strategy compiled.
+        strategy: the strategy compiled (`HOST_CHUNKED` for the host-driven loop).
         chunk_size: its chunk size, or None.
-        compiled: the `jax.stages.Compiled` to call with the samples.
+        compiled: the `jax.stages.Compiled` to call: with the samples, or for
+            `HOST_CHUNKED` with `(outputs, samples, start)` once per chunk.
         donated: the input indices it donates.
+        progress: whether it reports progress.
         trace_seconds: time to trace and lower.
         compile_seconds: time for XLA to compile.
         temp_bytes: XLA's temporary buffers (`memory_analysis().temp_size_in_bytes`).
         output_bytes: XLA's output buffers.
         alias_bytes: output bytes written into donated inputs.
+        problem: what it was compiled for.
     """
 
     strategy: str
     chunk_size: int | None
     compiled: Any
     donated: tuple[int, ...]
+    progress: bool
     trace_seconds: float
     compile_seconds: float
     temp_bytes: int
     output_bytes: int
     alias_bytes: int
+    problem: Problem
 
     @property
     def peak_bytes(self) -> int:
         """New memory at the peak of a run: outputs and temporaries, less aliased inputs."""
+        if self.strategy == HOST_CHUNKED:  # the step updates the outputs in place
+            return self.problem.output_bytes + self.temp_bytes
         return self.output_bytes + self.temp_bytes - self.alias_bytes
 
 
@@ -209,19 +220,33 @@ def executable(
         _EXECUTABLES.move_to_end(key)
         return _EXECUTABLES[key]
     fn, computed = problem.jax_fn, problem.computed
-    strategy_fn = STRATEGY_TABLE[strategy]
 
     def per_draw(*values):
         outs = fn(*values)
         return [outs[j] for j in computed]
 
-    def run(*samples):
-        return strategy_fn(per_draw, list(samples), chunk_size, on_chunk if progress else None)
-
     sharding = jax.sharding.SingleDeviceSharding(problem.device)
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
+    if strategy == HOST_CHUNKED:
+        out_specs = [
+            jax.ShapeDtypeStruct(
+                problem.out_specs[j].shape, problem.out_specs[j].dtype, sharding=sharding
+            )
+            for j in computed
+        ]
+        args = (out_specs, specs, jax.ShapeDtypeStruct((), np.int32, sharding=sharding))
+        jitted = jax.jit(_host_step(per_draw, problem.n_items, chunk_size), donate_argnums=0)
+    else:
+        strategy_fn = STRATEGY_TABLE[strategy]
+
+        def run(*samples):
+            callback = on_chunk if progress else None
+            return strategy_fn(per_draw, list(samples), chunk_size, callback)
+
+        args = specs
+        jitted = jax.jit(run, donate_argnums=donate)
     tic = time.perf_counter()
-    lowered = jax.jit(run, donate_argnums=donate).lower(*specs)
+    lowered = jitted.lower(*args)
     toc = time.perf_counter()
     compiled = lowered.compile()
     compile_seconds = time.perf_counter() - toc
@@ -231,11 +256,13 @@ def executable(
         chunk_size=chunk_size,
         compiled=compiled,
         donated=donate,
+        progress=progress,
         trace_seconds=toc - tic,
         compile_seconds=compile_seconds,
         temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
         output_bytes=int(getattr(memory, "output_size_in_bytes", problem.output_bytes)),
         alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
+        problem=problem,
     )
     _EXECUTABLES[key] = result
     if len(_EXECUTABLES) > 32:
@@ -243,8 +270,48 @@ def executable(
     return result
 
 
+def _host_step(per_draw: Callable, n: int, size: int) -> Callable:
+    """One chunk: evaluate `size` draws from `start` and write them into the donated outputs.
+
+    Straight-line code, no XLA loop: XLA's CPU compile time of a loop body grows steeply with
+    the number of buffers it slices and updates (measured, jax 0.12: 146 s for a model with 200
+    scalars at 16 draws per chunk), while this step compiles like the loop-free vmap (0.7 s).
+    The host calls it once per chunk; each call costs a dispatch (about 1 ms with 400 buffers).
+    """
+
+    def step(outs, samples, start):
+        flat = [x.reshape((n,) + x.shape[2:]) for x in samples]  # free: a bitcast
+        chunk = [jax.lax.dynamic_slice_in_dim(x, start, size, 0) for x in flat]
+        ys = jax.vmap(per_draw)(*chunk)
+        return [
+            jax.lax.dynamic_update_slice_in_dim(o.reshape((n,) + o.shape[2:]), y, start, 0).reshape(
+                o.shape
+            )
+            for o, y in zip(outs, ys)
+        ]
+
+    return step
+
+
 def execute(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.Array]:
     """Run a compiled strategy. Donated buffers that XLA cannot reuse are not worth a warning."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        return list(exe.compiled(*samples))
+        if exe.strategy != HOST_CHUNKED:
+            return list(exe.compiled(*samples))
+        problem, size = exe.problem, exe.chunk_size
+        n = problem.n_items
+        outs = [
+            jax.numpy.zeros(
+                problem.out_specs[j].shape, problem.out_specs[j].dtype, device=problem.device
+            )
+            for j in problem.computed
+        ]
+        for i in range(-(-n // size)):
+            start = min(i * size, n - size)  # the last chunk overlaps the one before
+            outs = exe.compiled(outs, list(samples), np.int32(start))
+            if exe.progress:
+                on_chunk(start + size, n)
+        for i in exe.donated:  # what donation would have freed
+            samples[i].delete()
+        return outs

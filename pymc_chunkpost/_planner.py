@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ._chunked import resolve_chunk_size
-from ._executable import Executable, Problem, executable
+from ._executable import HOST_CHUNKED, Executable, Problem, executable
 from ._memory import free_bytes
 
 __all__ = ["Plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
@@ -39,6 +39,13 @@ SMALL_TEMP_FRACTION = 0.1
 #: Per-iteration cost of a loop, per buffer it slices or updates, in bytes of work that take
 #: as long (measured: about 1.5 us per buffer per iteration on a 2-core x86 CPU).
 OVERHEAD_BYTES_PER_BUFFER = 64 * 2**10
+#: `auto` drives chunks from a host loop when the loop body has more buffers (inputs plus
+#: computed outputs) than this: XLA's CPU compile time of a loop grows steeply with them
+#: (jax 0.12, 16 draws per chunk: 0.9 s at 33 buffers, 3 s at 97, 146 s at 401), while one
+#: straight-line chunk step compiles like the loop-free vmap (0.7 s at 401).
+HOST_LOOP_MIN_BUFFERS = 48
+#: A host loop runs at most this many chunks (each costs a dispatch, ~1 ms at 400 buffers).
+HOST_LOOP_MAX_CHUNKS = 64
 #: A compiled chunk whose temporaries exceed this many times the estimate is a "jump" (XLA
 #: changed its layout or fusion at that size): the planner tries a smaller chunk.
 JUMP_FACTOR = 4
@@ -75,6 +82,9 @@ class Plan:
         reason: one readable sentence.
         compile_seconds: XLA compile time of the chosen executable.
         planning_seconds: wall time of planning, all compiles of candidates included.
+        loop: how chunks are driven: "xla" (one compiled loop), "host" (a Python loop over
+            one compiled chunk step, for models with many variables, whose XLA loops take
+            minutes to compile), or None without chunks.
     """
 
     strategy: str
@@ -86,6 +96,7 @@ class Plan:
     reason: str
     compile_seconds: float = 0.0
     planning_seconds: float = 0.0
+    loop: str | None = None
 
 
 def _mib(n: int) -> str:
@@ -127,6 +138,7 @@ def _divisor_near(n: int, target: int) -> int:
 
 def _make_plan(problem, budget, exe: Executable, strategy, size, reason, tic) -> Plan:
     chunks = None if size is None else -(-problem.n_items // size)
+    loop = None if size is None else ("host" if exe.strategy == HOST_CHUNKED else "xla")
     return Plan(
         strategy=strategy,
         chunk_size=size,
@@ -137,6 +149,7 @@ def _make_plan(problem, budget, exe: Executable, strategy, size, reason, tic) ->
         reason=reason,
         compile_seconds=exe.compile_seconds,
         planning_seconds=time.perf_counter() - tic,
+        loop=loop,
     )
 
 
@@ -186,6 +199,8 @@ def plan_problem(
     tic = time.perf_counter()
     check_budget(problem, budget)
     n = problem.n_items
+    n_buffers = len(problem.in_specs) + len(problem.computed)
+    host_loop = not force_chunked and n_buffers > HOST_LOOP_MIN_BUFFERS
     per_item_temp = float(problem.intermediate_bytes)
     small = max(SMALL_TEMP_BYTES, SMALL_TEMP_FRACTION * problem.output_bytes)
     if not force_chunked and chunk_size is None and n * per_item_temp <= small:
@@ -199,11 +214,16 @@ def plan_problem(
         per_item_temp = max(per_item_temp, whole.temp_bytes / max(n, 1))
     if chunk_size is None:
         size, why = _fast_chunk_size(problem, per_item_temp, budget)
+        if host_loop:
+            size = max(size, -(-n // HOST_LOOP_MAX_CHUNKS))
+            why += (
+                f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over {n_buffers} buffers"
+            )
         size = _divisor_near(n, size)
     else:
         size, why = resolve_chunk_size(n, chunk_size, None), "the requested chunk size"
     while True:
-        exe = executable(problem, "chunked", size, donate, progress)
+        exe = executable(problem, HOST_CHUNKED if host_loop else "chunked", size, donate, progress)
         expected = size * (per_item_temp + problem.per_item_bytes)
         jumped = chunk_size is None and exe.temp_bytes > JUMP_FACTOR * expected + 2**24
         if exe.peak_bytes <= budget and not jumped:

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ._chunked import check_chunking, resolve_chunk_size
-from ._executable import Executable, Problem, analyse, executable, execute
+from ._executable import HOST_CHUNKED, Executable, Problem, analyse, executable, execute
 from ._memory import resolve_device
 from ._planner import Plan, check_budget, plan_problem, resolve_budget
 from ._progress import progress_bar
@@ -191,6 +191,7 @@ def _fixed_plan(problem: Problem, exe: Executable, strategy: str, size, budget) 
         budget_bytes=budget,
         reason=f"Strategy {strategy!r} was requested.",
         compile_seconds=exe.compile_seconds,
+        loop=None if size is None else ("host" if exe.strategy == HOST_CHUNKED else "xla"),
     )
 
 
@@ -278,7 +279,8 @@ def run(
                 RuntimeWarning,
                 stacklevel=2,
             )
-            exe = executable(problem, "chunked", size, donate, progressbar)
+            loop = HOST_CHUNKED if plan.loop == "host" else "chunked"
+            exe = executable(problem, loop, size, donate, progressbar)
             plan = dataclasses.replace(
                 _fixed_plan(problem, exe, "chunked", size, plan.budget_bytes),
                 reason=f"Retried at {size} draws per chunk after running out of memory.",
