@@ -164,7 +164,8 @@ def _place(samples, device, donate_samples: bool, problem: Problem):
     placed, donate = [], []
     passed_through = {k for k in problem.forwarded if k is not None}
     for i, x in enumerate(samples):
-        y = jax.device_put(x, device)
+        on_device = isinstance(x, jax.Array) and x.devices() == {device}
+        y = x if on_device else jax.device_put(x, device)
         placed.append(y)
         if not donate_samples or i in passed_through:
             continue

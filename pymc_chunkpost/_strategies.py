@@ -40,10 +40,14 @@ def _scan_vmap(fn, samples, chunk_size, progress):
 
 
 def _nested_scan(fn, samples, chunk_size, progress):
-    """Both axes looped, one draw at a time. Smallest temporaries, slowest."""
+    """Both axes looped, one draw at a time, chain after chain. Smallest temporaries, slowest.
+
+    One loop over the flattened chain x draw axis: a loop nested inside a loop over chains
+    would build each chain's outputs in a temporary before copying them (measured on jax
+    0.12: temporaries then grow with draws).
+    """
     del chunk_size
-    per_chain = _chunked(fn, 0, 0, 1, None, False, None)
-    return _chunked(per_chain, 0, 0, 1, None, False, progress)(*samples)
+    return _flat_chunked(fn, samples, 1, progress)
 
 
 def _flat_chunked(fn, samples, chunk_size, progress):

@@ -126,7 +126,10 @@ def test_temporaries_grow_with_chunk_not_draws(built, strategy):
     small, _ = temp_bytes(1)  # chunked: 100 items, 14 chunks of 7 and a remainder of 2
     large, outputs_large = temp_bytes(8)  # chunked: 800 items, 114 chunks, remainder 2
     assert large <= small + 4096, (small, large)
-    assert large < outputs_large / 20
+    if LOOPED_AXIS[strategy] == "draws":
+        assert large < outputs_large / 20
+    else:  # draws are vmapped: at most one chain's outputs (of 8) in temporaries
+        assert large < 1.1 * outputs_large / 8
     if strategy == "chunked":
         wider, _ = temp_bytes(8, chunk_size=56)
         assert wider > 2 * large, (large, wider)
