@@ -6,8 +6,8 @@ that wins is not compiled twice, and the compile seconds it spent are reported i
 
 How it chooses (measured on a 2-core x86 CPU; see docs/strategies.md):
 
-1. No loop when the loop-free computation (`vmap`) has small temporaries (under 8 MiB, or
-   under 10% of the outputs) and fits the budget.
+1. No loop when the loop-free computation (`vmap`) has small temporaries (under 64 MiB)
+   and fits the budget.
    It compiles fastest (XLA can take minutes to compile a loop around a large per-draw
    function) and runs fastest when its working set is small.
 2. Otherwise chunks of the flattened chain x draw axis, sized so that one chunk's working set
@@ -32,10 +32,11 @@ from ._memory import free_bytes
 
 __all__ = ["Plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
 
-#: Loop-free `vmap` is chosen when its temporaries stay under this, or under
-#: `SMALL_TEMP_FRACTION` of the outputs (and the budget allows).
-SMALL_TEMP_BYTES = 8 * 2**20
-SMALL_TEMP_FRACTION = 0.1
+#: Loop-free `vmap` is chosen when its temporaries stay under this (and the budget allows):
+#: below it, a loop's extra compile time costs more than the temporaries do (measured on
+#: the fixtures in docs/strategies.md: 25 MiB of temporaries cost ~0.01 s, a loop ~0.3 s of
+#: compiling; 140 MiB and more cost seconds).
+SMALL_TEMP_BYTES = 64 * 2**20
 #: Per-iteration cost of a loop, per buffer it slices or updates, in bytes of work that take
 #: as long (measured: about 1.5 us per buffer per iteration on a 2-core x86 CPU).
 OVERHEAD_BYTES_PER_BUFFER = 64 * 2**10
@@ -164,7 +165,7 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int) -> tup
         return max(1, min(n, fits // 2)), "half the memory left after the outputs"
     n_buffers = len(problem.in_specs) + len(problem.computed)
     cache_size = int(TARGET_CHUNK_BYTES // max(per_item, 1))
-    overhead_size = -(-n_buffers * OVERHEAD_BYTES_PER_BUFFER // max(problem.per_item_bytes, 1))
+    overhead_size = -(-n_buffers * OVERHEAD_BYTES_PER_BUFFER // max(int(per_item), 1))
     size = min(max(cache_size, overhead_size, 1), fits, n)
     if overhead_size > cache_size:
         why = f"enough work per chunk to amortise the loop's cost over {n_buffers} buffers"
@@ -202,7 +203,7 @@ def plan_problem(
     n_buffers = len(problem.in_specs) + len(problem.computed)
     host_loop = not force_chunked and n_buffers > HOST_LOOP_MIN_BUFFERS
     per_item_temp = float(problem.intermediate_bytes)
-    small = max(SMALL_TEMP_BYTES, SMALL_TEMP_FRACTION * problem.output_bytes)
+    small = SMALL_TEMP_BYTES
     if not force_chunked and chunk_size is None and n * per_item_temp <= small:
         whole = executable(problem, "vmap", None, donate, progress)
         if whole.peak_bytes <= budget and whole.temp_bytes <= small:

@@ -23,6 +23,13 @@ def wide():
     return model, models.jax_fn(model)
 
 
+@pytest.fixture(scope="module")
+def wider():
+    """An observation-level deterministic of 5,000 points: 40 KiB per draw."""
+    model = models.data_regression(n_obs=5000)
+    return model, models.jax_fn(model)
+
+
 def test_small_problem_runs_loop_free(built):
     model, jax_fn = built("transforms")
     raw = models.raw_draws(model, 2, 20)
@@ -33,16 +40,16 @@ def test_small_problem_runs_loop_free(built):
     assert "No loop" in plan.reason
 
 
-def test_plan_fields_and_budget(wide):
-    model, jax_fn = wide
-    raw = models.raw_draws(model, 4, 250)
+def test_plan_fields_and_budget(wider):
+    model, jax_fn = wider
+    raw = models.raw_draws(model, 4, 1000)
     plan = pc.plan(jax_fn, raw)
     assert dataclasses.is_dataclass(plan)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.strategy = "vmap"  # type: ignore[misc]
-    assert plan.output_bytes == 4 * 250 * (2000 + 1) * 8  # mu and sigma; beta passes through
-    assert plan.strategy == "chunked"
-    assert plan.n_chunks == -(-1000 // plan.chunk_size)
+    assert plan.output_bytes == 4 * 1000 * (5000 + 1) * 8  # mu and sigma; beta passes through
+    assert plan.strategy == "chunked" and plan.loop == "xla"
+    assert plan.n_chunks == -(-4000 // plan.chunk_size)
     assert plan.budget_bytes == pytest.approx(_memory.free_bytes(jax.devices()[0]), rel=0.2)
     # Within 10% of the floor: the outputs that cannot reuse the inputs.
     assert plan.output_bytes <= plan.peak_bytes <= 1.1 * plan.output_bytes
