@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,10 +74,14 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
 
         return jax.jit(whole, donate_argnums=tuple(range(len(raw))))
 
+    if name.startswith("auto_cache"):  # JAX's persistent compilation cache, cold then warm
+        jax.config.update("jax_compilation_cache_dir", os.environ["BENCH_CACHE_DIR"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     gc_base = _status("VmRSS")
     _reset_peak()
     tic = time.perf_counter()
-    if name == "auto" or name == "auto_progress":
+    if name in ("auto", "auto_progress", "auto_cache_cold", "auto_cache_warm"):
         outputs, plan = _postprocess.run(
             fn, raw, None, "auto", True, progressbar=name == "auto_progress"
         )
@@ -124,7 +129,7 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     }
 
 
-def run_case(fixture, case, chains, draws, timeout) -> dict:
+def run_case(fixture, case, chains, draws, timeout, cache_dir) -> dict:
     command = [sys.executable, __file__, "--child", fixture, case, str(chains), str(draws)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -199,8 +204,9 @@ def main(argv=None) -> int:
     for fixture in args.fixtures.split(","):
         spec = FIXTURES[fixture]
         chains, draws = args.chains or spec.chains, args.draws or spec.draws
+        cache_dir = tempfile.mkdtemp(prefix=f"bench-cache-{fixture}-")
         for case in cases:
-            row = run_case(fixture, case, chains, draws, args.timeout)
+            row = run_case(fixture, case, chains, draws, args.timeout, cache_dir)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     text = table(rows)
