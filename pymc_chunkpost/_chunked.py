@@ -42,27 +42,39 @@ __all__ = ["chunked_vmap", "check_chunking", "resolve_chunk_size"]
 PROGRESS_UPDATES = 100
 
 
-def check_chunking(chunk_size: Any, n_chunks: Any) -> None:
+def check_chunking(
+    chunk_size: Any,
+    n_chunks: Any,
+    names: tuple[str, str] = ("chunk_size", "n_chunks"),
+    unset: str = "for no chunking",
+) -> None:
     """Validate `chunk_size`/`n_chunks` before any tracing.
+
+    Args:
+        chunk_size: the value to check.
+        n_chunks: the value to check.
+        names: what the caller calls the two options, for the messages.
+        unset: what passing None means to the caller, for the messages.
 
     Raises:
         ValueError: if both are given, or either is not a positive int.
     """
     if chunk_size is not None and n_chunks is not None:
         raise ValueError(
-            f"Pass `chunk_size` or `n_chunks`, not both (got {chunk_size=}, {n_chunks=})."
+            f"Pass `{names[0]}` or `{names[1]}`, not both (got {names[0]}={chunk_size!r}, "
+            f"{names[1]}={n_chunks!r})."
         )
-    for name, value in (("chunk_size", chunk_size), ("n_chunks", n_chunks)):
+    for name, value in zip(names, (chunk_size, n_chunks)):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | jnp.integer):
             raise ValueError(
                 f"`{name}` must be a positive int, got {value!r} of type "
-                f"{type(value).__name__}. Pass `{name}=None` for no chunking."
+                f"{type(value).__name__}. Pass `{name}=None` {unset}."
             )
         if value <= 0:
             raise ValueError(
-                f"`{name}` must be a positive int, got {value}. Pass `{name}=None` for no chunking."
+                f"`{name}` must be a positive int, got {value}. Pass `{name}=None` {unset}."
             )
 
 

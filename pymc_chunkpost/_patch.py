@@ -29,7 +29,6 @@ from typing import Any
 from . import _postprocess
 from ._memory import resolve_device
 from ._planner import Plan
-from ._strategies import STRATEGIES
 
 __all__ = ["patch", "unpatch", "is_patched", "patched"]
 
@@ -41,7 +40,6 @@ OPTIONS: dict[str, str] = {
     "postprocessing_n_chunks": "n_chunks",
     "postprocessing_memory_budget": "memory_budget",
 }
-_CHUNK_STRATEGIES = ("chunked", "auto")
 _PYMC_STRATEGIES = ("vmap", "scan")  # what pymc's own `_postprocess_samples` knows
 _TARGETS = (
     "_postprocess_samples",
@@ -339,46 +337,17 @@ def _pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _check_options(options: dict[str, Any], postprocessing_backend: Any) -> None:
     """Every check `postprocess_samples` would make on the options, before sampling."""
-    strategy = options["postprocessing_vectorize"]
-    if not isinstance(strategy, str) or strategy not in STRATEGIES:
-        raise ValueError(
-            f"Unknown `postprocessing_vectorize={strategy!r}`. Valid strategies: "
-            f"{', '.join(STRATEGIES)}. Nothing was sampled."
+    try:
+        _postprocess.check_options(
+            options["postprocessing_vectorize"],
+            options["postprocessing_chunk_size"],
+            options["postprocessing_n_chunks"],
+            options["postprocessing_memory_budget"],
+            names={argument: option for option, argument in OPTIONS.items()},
         )
-    chunk_size = options["postprocessing_chunk_size"]
-    n_chunks = options["postprocessing_n_chunks"]
-    if chunk_size is not None and n_chunks is not None:
-        raise ValueError(
-            "Pass `postprocessing_chunk_size` or `postprocessing_n_chunks`, not both (got "
-            f"{chunk_size=}, {n_chunks=}). Nothing was sampled."
-        )
-    for name in ("postprocessing_chunk_size", "postprocessing_n_chunks"):
-        value = options[name]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(
-                f"`{name}` must be a positive int, got {value!r} of type {type(value).__name__}. "
-                f"Pass `{name}=None` to let the planner choose. Nothing was sampled."
-            )
-        if value is not None and value <= 0:
-            raise ValueError(
-                f"`{name}` must be a positive int, got {value}. Pass `{name}=None` to let the "
-                "planner choose. Nothing was sampled."
-            )
-    if strategy not in _CHUNK_STRATEGIES and (chunk_size is not None or n_chunks is not None):
-        raise ValueError(
-            "`postprocessing_chunk_size`/`postprocessing_n_chunks` apply to the strategies "
-            f"{_CHUNK_STRATEGIES}, not to {strategy!r}. Pass "
-            "`postprocessing_vectorize='chunked'` to set the chunk size. Nothing was sampled."
-        )
-    budget = options["postprocessing_memory_budget"]
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int | float) or not budget > 0
-    ):
-        raise ValueError(
-            f"`postprocessing_memory_budget` must be a positive number of bytes, got {budget!r}. "
-            "Pass None to use the device's free memory. Nothing was sampled."
-        )
-    resolve_device(postprocessing_backend)
+        resolve_device(postprocessing_backend)
+    except ValueError as error:
+        raise ValueError(f"{error} Nothing was sampled.") from None
 
 
 def _make_sample_jax_nuts(original: Callable) -> Callable:

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from ._chunked import check_chunking, resolve_chunk_size
 from ._executable import HOST_CHUNKED, Executable, Problem, analyse, executable, execute
 from ._memory import resolve_device
-from ._planner import Plan, check_budget, plan_problem, resolve_budget
+from ._planner import Plan, check_budget, check_budget_value, plan_problem, resolve_budget
 from ._progress import progress_bar
 from ._strategies import STRATEGIES
 
@@ -88,19 +89,50 @@ def postprocess_samples(
     )[0]
 
 
-def _validate(jax_fn, raw_mcmc_samples, backend, strategy, chunk_size, n_chunks):
-    """All input checks, before any work. Returns the problem and the samples as arrays."""
+def check_options(
+    strategy: Any,
+    chunk_size: Any,
+    n_chunks: Any,
+    memory_budget: Any,
+    names: dict[str, str] | None = None,
+) -> None:
+    """The checks on the options alone, before any work; `patch` makes them before sampling.
+
+    Args:
+        strategy: `postprocessing_vectorize`.
+        chunk_size: the chunk size option.
+        n_chunks: the number-of-chunks option.
+        memory_budget: the memory budget option.
+        names: what the caller calls "chunk_size", "n_chunks" and "memory_budget", for the
+            messages (pymc's sampler calls them `postprocessing_chunk_size`, ...).
+
+    Raises:
+        ValueError: naming the option, the value, and what to pass instead.
+    """
+    names = {
+        "chunk_size": "chunk_size",
+        "n_chunks": "n_chunks",
+        "memory_budget": "memory_budget",
+    } | (names or {})
     if not isinstance(strategy, str) or strategy not in STRATEGIES:
         raise ValueError(
             f"Unknown `postprocessing_vectorize={strategy!r}`. Valid strategies: "
             f"{', '.join(STRATEGIES)}."
         )
-    check_chunking(chunk_size, n_chunks)
+    chunk_names = (names["chunk_size"], names["n_chunks"])
+    check_chunking(chunk_size, n_chunks, chunk_names, "to let the planner choose")
     if strategy not in _CHUNK_OPTIONS and (chunk_size is not None or n_chunks is not None):
         raise ValueError(
-            f"`chunk_size`/`n_chunks` apply to the strategies {_CHUNK_OPTIONS}, not to "
-            f"{strategy!r}. Pass `postprocessing_vectorize='chunked'` to set the chunk size."
+            f"`{chunk_names[0]}`/`{chunk_names[1]}` apply to the strategies {_CHUNK_OPTIONS}, "
+            f"not to {strategy!r}. Pass `postprocessing_vectorize='chunked'` to set the chunk "
+            "size."
         )
+    check_budget_value(memory_budget, names["memory_budget"])
+
+
+def _validate(jax_fn, raw_mcmc_samples, backend, strategy, chunk_size, n_chunks):
+    """All input checks, before any work. Returns the problem and the samples as arrays."""
+    check_options(strategy, chunk_size, n_chunks, None)
     if not callable(jax_fn):
         raise ValueError(f"`jax_fn` must be callable, got {type(jax_fn).__name__}.")
     if isinstance(raw_mcmc_samples, dict) or not isinstance(raw_mcmc_samples, list | tuple):
@@ -245,8 +277,7 @@ def run(
         chunk_size,
         n_chunks,
     )
-    if memory_budget is not None:
-        resolve_budget(problem, memory_budget)  # validates before anything is placed
+    check_budget_value(memory_budget)  # before anything is placed
     placed, donate = _place(samples, problem.device, donate_samples, problem)
     strategy = postprocessing_vectorize
     plan, exe = _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, progressbar)
