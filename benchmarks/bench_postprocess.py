@@ -136,7 +136,14 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
 def run_case(fixture, case, chains, draws, timeout, cache_dir) -> dict:
     command = [sys.executable, __file__, "--child", fixture, case, str(chains), str(draws)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env={**os.environ, "BENCH_CACHE_DIR": cache_dir},
+        )
     except subprocess.TimeoutExpired:
         return {"fixture": fixture, "case": case, "error": f"over {timeout} s"}
     if result.returncode != 0:
@@ -204,7 +211,7 @@ def main(argv=None) -> int:
             ["pymc_vmap", "pymc_scan"]
             + [f"lax_map:{b}" for b in batches]
             + [f"soft_vmap:{b}" for b in batches]
-            + ["auto", "auto_progress"]
+            + ["auto", "auto_progress", "auto_cache_cold", "auto_cache_warm"]
         )
     )
     rows = []
