@@ -49,6 +49,8 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
+    import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
+
     from profiling.fixtures import FIXTURES, jax_fn, raw_draws
     from pymc_chunkpost import _executable, _postprocess
 

@@ -39,7 +39,7 @@ __all__ = ["chunked_vmap", "check_chunking", "resolve_chunk_size"]
 
 
 #: Progress callbacks per loop, at most (each one is a host round trip of tens of us).
-PROGRESS_UPDATES = 100
+PROGRESS_UPDATES = 20
 
 
 def check_chunking(
@@ -260,18 +260,23 @@ def _chunked(
             # remainder step after the loop would make XLA copy every output (measured:
             # compiled temporaries then grow with `n`), and would compile `f` twice.
             start = jnp.minimum(i * size, n - size)
-            outs = write(outs, chunk(start, size, leaves), start)
-            if on_chunk is not None:
-                # At most ~PROGRESS_UPDATES host callbacks in all, to keep their cost small.
-                every = max(1, n_iterations // PROGRESS_UPDATES)
-                lax.cond(
-                    (i % every == every - 1) | (i == n_iterations - 1),
-                    lambda: jax.debug.callback(on_chunk, start + size, n),
-                    lambda: None,
-                )
-            return outs
+            return write(outs, chunk(start, size, leaves), start)
 
-        outs = lax.fori_loop(0, n_iterations, body, outs)
+        if on_chunk is None:
+            outs = lax.fori_loop(0, n_iterations, body, outs)
+        else:
+            # Segments of chunks, with one host callback after each: at most PROGRESS_UPDATES
+            # callbacks, and no branch inside the loop over chunks.
+            per_segment = -(-n_iterations // PROGRESS_UPDATES)
+            n_segments = -(-n_iterations // per_segment)
+
+            def segment(k, outs):
+                last = jnp.minimum((k + 1) * per_segment, n_iterations)
+                outs = lax.fori_loop(k * per_segment, last, body, outs)
+                jax.debug.callback(on_chunk, jnp.minimum(last * size, n), n)
+                return outs
+
+            outs = lax.fori_loop(0, n_segments, segment, outs)
         return jax.tree.unflatten(out_treedef, outs)
 
     return mapped

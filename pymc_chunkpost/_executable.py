@@ -164,9 +164,6 @@ def _jaxpr_cost(jaxpr) -> tuple[int, int]:
 
 #: Internal strategy: the chunked map driven by a host loop over one compiled chunk step.
 HOST_CHUNKED = "chunked_host"
-#: With a progress bar, "chunked" runs its compiled loop in about this many host calls and
-#: updates the bar between them: no callback inside the loop, one compile, a few dispatches.
-PROGRESS_SEGMENTS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,11 +173,8 @@ class Executable:
     Attributes:
         strategy: the strategy compiled (`HOST_CHUNKED` for the host-driven loop).
         chunk_size: its chunk size, or None.
-        compiled: the `jax.stages.Compiled` to call: with the samples; or, where
-            `chunks_per_call` is set, as a step `(outputs, samples, first_chunk) -> outputs`
-            that the host calls until every chunk is done.
-        chunks_per_call: chunks one call of a step evaluates (1 for `HOST_CHUNKED`; a
-            segment of the loop for "chunked" with a progress bar), or None.
+        compiled: the `jax.stages.Compiled` to call with the samples; for `HOST_CHUNKED`, a
+            step `(outputs, samples, chunk_index) -> outputs` that the host calls per chunk.
         donated: the input indices it donates.
         progress: whether it reports progress.
         trace_seconds: time to trace and lower.
@@ -194,7 +188,6 @@ class Executable:
     strategy: str
     chunk_size: int | None
     compiled: Any
-    chunks_per_call: int | None
     donated: tuple[int, ...]
     progress: bool
     trace_seconds: float
@@ -207,7 +200,7 @@ class Executable:
     @property
     def peak_bytes(self) -> int:
         """New memory at the peak of a run: outputs and temporaries, less aliased inputs."""
-        if self.chunks_per_call is not None:  # a step updates the outputs in place
+        if self.strategy == HOST_CHUNKED:  # the step updates the outputs in place
             return self.problem.output_bytes + self.temp_bytes
         return self.output_bytes + self.temp_bytes - self.alias_bytes
 
@@ -236,12 +229,7 @@ def executable(
 
     sharding = jax.sharding.SingleDeviceSharding(problem.device)
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
-    chunks_per_call = None
     if strategy == HOST_CHUNKED:
-        chunks_per_call = 1
-    elif strategy == "chunked" and progress and chunk_size < problem.n_items:
-        chunks_per_call = -(-problem.n_items // chunk_size // PROGRESS_SEGMENTS)
-    if chunks_per_call is not None:
         out_specs = [
             jax.ShapeDtypeStruct(
                 problem.out_specs[j].shape, problem.out_specs[j].dtype, sharding=sharding
@@ -249,8 +237,7 @@ def executable(
             for j in computed
         ]
         args = (out_specs, specs, jax.ShapeDtypeStruct((), np.int32, sharding=sharding))
-        step = _host_step(per_draw, problem.n_items, chunk_size, chunks_per_call)
-        jitted = jax.jit(step, donate_argnums=0)
+        jitted = jax.jit(_host_step(per_draw, problem.n_items, chunk_size), donate_argnums=0)
     else:
         strategy_fn = STRATEGY_TABLE[strategy]
 
@@ -270,7 +257,6 @@ def executable(
         strategy=strategy,
         chunk_size=chunk_size,
         compiled=compiled,
-        chunks_per_call=chunks_per_call,
         donated=donate,
         progress=progress,
         trace_seconds=toc - tic,
@@ -286,32 +272,25 @@ def executable(
     return result
 
 
-def _host_step(per_draw: Callable, n: int, size: int, chunks_per_call: int) -> Callable:
-    """Chunks `first, first + 1, ...` (`chunks_per_call` of them, fewer at the end): evaluate
-    `size` draws each and write them into the donated outputs, in place.
+def _host_step(per_draw: Callable, n: int, size: int) -> Callable:
+    """Chunk `i`: evaluate `size` draws and write them into the donated outputs, in place.
 
-    With one chunk per call it is straight-line code, no XLA loop: XLA's CPU compile time of
-    a loop body grows steeply with the number of buffers it slices and updates (measured, jax
-    0.12: 146 s for a model with 200 scalars at 16 draws per chunk), while this step compiles
-    like the loop-free vmap (0.7 s). Each call costs a dispatch (about 1 ms with 400 buffers).
+    Straight-line code, no XLA loop: XLA's CPU compile time of a loop body grows steeply with
+    the number of buffers it slices and updates (measured, jax 0.12: 146 s for a model with 200
+    scalars at 16 draws per chunk), while this step compiles like the loop-free vmap (0.7 s).
+    The host calls it once per chunk; each call costs a dispatch (about 1 ms with 400 buffers).
     """
-    n_chunks = -(-n // size)
 
-    def step(outs, samples, first):
+    def step(outs, samples, i):
+        start = jnp.minimum(i * size, n - size)  # the last chunk overlaps the one before
         flat = [x.reshape((n,) + x.shape[2:]) for x in samples]  # free: bitcasts
-
-        def one(i, flat_outs):  # `flat` is loop-invariant: read in place, never copied
-            start = jnp.minimum(i * size, n - size)  # the last chunk overlaps the one before
-            ys = jax.vmap(per_draw)(*[lax.dynamic_slice_in_dim(x, start, size, 0) for x in flat])
-            return [lax.dynamic_update_slice_in_dim(o, y, start, 0) for o, y in zip(flat_outs, ys)]
-
-        flat_outs = [o.reshape((n,) + o.shape[2:]) for o in outs]
-        if chunks_per_call == 1:
-            flat_outs = one(first, flat_outs)
-        else:
-            last = jnp.minimum(first + chunks_per_call, n_chunks)
-            flat_outs = lax.fori_loop(first, last, one, flat_outs)
-        return [y.reshape(o.shape) for y, o in zip(flat_outs, outs)]
+        ys = jax.vmap(per_draw)(*[lax.dynamic_slice_in_dim(x, start, size, 0) for x in flat])
+        return [
+            lax.dynamic_update_slice_in_dim(o.reshape((n,) + o.shape[2:]), y, start, 0).reshape(
+                o.shape
+            )
+            for o, y in zip(outs, ys)
+        ]
 
     return step
 
@@ -320,19 +299,20 @@ def execute(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.Array]:
     """Run a compiled strategy. Donated buffers that XLA cannot reuse are not worth a warning."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        if exe.chunks_per_call is None:
+        if exe.strategy != HOST_CHUNKED:
             return list(exe.compiled(*samples))
-        problem, size, per_call = exe.problem, exe.chunk_size, exe.chunks_per_call
+        problem, size = exe.problem, exe.chunk_size
         n = problem.n_items
         outs = [
             jnp.zeros(problem.out_specs[j].shape, problem.out_specs[j].dtype, device=problem.device)
             for j in problem.computed
         ]
         n_chunks = -(-n // size)
-        for first in range(0, n_chunks, per_call):
-            outs = exe.compiled(outs, list(samples), np.int32(first))
-            if exe.progress:
-                on_chunk(min((first + per_call) * size, n), n)
+        for i in range(n_chunks):
+            outs = exe.compiled(outs, list(samples), np.int32(i))
+            if exe.progress:  # report work done, not work dispatched
+                jax.block_until_ready(outs)
+                on_chunk(min((i + 1) * size, n), n)
         for i in exe.donated:  # what donation would have freed
             samples[i].delete()
         return outs
