@@ -48,7 +48,6 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
-
     import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
 
     from profiling.fixtures import FIXTURES, jax_fn, raw_draws

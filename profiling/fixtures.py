@@ -337,3 +337,32 @@ def load_draws(model: pm.Model, path: str | Path) -> list[np.ndarray]:
                 f"(chains, draws) + {np.shape(point[name])} = {want}."
             )
     return draws
+
+
+def sample_raw_draws(model: pm.Model, chains: int, draws: int, tune: int, seed: int) -> list:
+    """Sample with numpyro the way `pymc.sampling.jax.sample_jax_nuts` does: the raw,
+    unconstrained draws, one `(chains, draws, ...)` array per value variable."""
+    from pymc.sampling.jax import (
+        _get_batched_jittered_initial_points,
+        _sample_numpyro_nuts,
+        get_jaxified_logp,
+    )
+
+    logp_fn = get_jaxified_logp(model, negative_logp=False)
+    initial_points = _get_batched_jittered_initial_points(
+        model=model, chains=chains, initvals=None, random_seed=seed, logp_fn=logp_fn
+    )
+    raw, _, _ = _sample_numpyro_nuts(
+        model=model,
+        target_accept=0.8,
+        tune=tune,
+        draws=draws,
+        chains=chains,
+        chain_method="vectorized",
+        progressbar=False,
+        random_seed=seed,
+        initial_points=initial_points,
+        nuts_kwargs={},
+        logp_fn=logp_fn,
+    )
+    return list(raw.values()) if isinstance(raw, dict) else list(raw)

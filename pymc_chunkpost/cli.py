@@ -188,32 +188,11 @@ def _finish(results, out_dir, title, command) -> int:
 def _sample(fixture_name: str, chains: int, draws: int, tune: int, seed: int, path: Path):
     """Sample with numpyro the way `pymc.sampling.jax.sample_jax_nuts` does; save raw draws."""
     import numpy as np
-    from pymc.sampling.jax import (
-        _get_batched_jittered_initial_points,
-        _sample_numpyro_nuts,
-        get_jaxified_logp,
-    )
 
-    from profiling.fixtures import FIXTURES
+    from profiling.fixtures import FIXTURES, sample_raw_draws
 
     model = FIXTURES[fixture_name].build()
-    logp_fn = get_jaxified_logp(model, negative_logp=False)
-    initial_points = _get_batched_jittered_initial_points(
-        model=model, chains=chains, initvals=None, random_seed=seed, logp_fn=logp_fn
-    )
-    raw, _, _ = _sample_numpyro_nuts(
-        model=model,
-        target_accept=0.8,
-        tune=tune,
-        draws=draws,
-        chains=chains,
-        chain_method="vectorized",
-        progressbar=False,
-        random_seed=seed,
-        initial_points=initial_points,
-        nuts_kwargs={},
-        logp_fn=logp_fn,
-    )
+    raw = sample_raw_draws(model, chains, draws, tune, seed)
     np.savez(path, **{v.name: np.asarray(x) for v, x in zip(model.value_vars, raw)})
 
 

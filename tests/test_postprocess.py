@@ -247,29 +247,11 @@ class TestBadInput:
 
 def test_end_to_end_numpyro_through_pymc():
     """Sample with numpyro the way pymc does, then post-process both ways."""
-    from pymc.sampling import jax as pymc_jax
+    from profiling.fixtures import sample_raw_draws
 
     model = models.data_regression(n_obs=50)
-    with model:
-        logp_fn = pymc_jax.get_jaxified_logp(model, negative_logp=False)
-        initial_points = pymc_jax._get_batched_jittered_initial_points(
-            model=model, chains=2, initvals=None, random_seed=3, logp_fn=logp_fn
-        )
-        raw, _, _ = pymc_jax._sample_numpyro_nuts(
-            model=model,
-            target_accept=0.8,
-            tune=30,
-            draws=25,
-            chains=2,
-            chain_method="vectorized",
-            progressbar=False,
-            random_seed=3,
-            initial_points=initial_points,
-            nuts_kwargs={},
-            logp_fn=logp_fn,
-        )
+    raw = sample_raw_draws(model, chains=2, draws=25, tune=30, seed=3)
     jax_fn = models.jax_fn(model)
-    raw = list(raw.values()) if isinstance(raw, dict) else list(raw)
     expected = reference(jax_fn, raw)
     outputs = pc.postprocess_samples(jax_fn, raw, None, "auto", True)
     assert_same(outputs, expected)
