@@ -31,7 +31,7 @@ from ._chunked import resolve_chunk_size
 from ._executable import HOST_CHUNKED, Executable, Problem, executable
 from ._memory import free_bytes
 
-__all__ = ["Plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
+__all__ = ["Plan", "make_plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
 
 #: Loop-free `vmap` is chosen when its temporaries stay under this (and the budget allows):
 #: below it, a loop's extra compile time costs more than the temporaries do (measured on
@@ -150,7 +150,16 @@ def _divisor_near(n: int, target: int) -> int:
     return target
 
 
-def _make_plan(problem, budget, exe: Executable, strategy, size, reason, tic) -> Plan:
+def make_plan(
+    problem: Problem,
+    budget: int | None,
+    exe: Executable,
+    strategy: str,
+    size: int | None,
+    reason: str,
+    planning_seconds: float = 0.0,
+) -> Plan:
+    """The `Plan` that running `exe` (compiled for `strategy` at `size`) amounts to."""
     chunks = None if size is None else -(-problem.n_items // size)
     loop = None if size is None else ("host" if exe.strategy == HOST_CHUNKED else "xla")
     return Plan(
@@ -162,7 +171,7 @@ def _make_plan(problem, budget, exe: Executable, strategy, size, reason, tic) ->
         budget_bytes=budget,
         reason=reason,
         compile_seconds=exe.compile_seconds,
-        planning_seconds=time.perf_counter() - tic,
+        planning_seconds=planning_seconds,
         loop=loop,
     )
 
@@ -224,7 +233,8 @@ def plan_problem(
                 f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of temporaries "
                 f"and {_mib(whole.peak_bytes)} in all, within the budget of {_mib(budget)}."
             )
-            return _make_plan(problem, budget, whole, "vmap", None, reason, tic), whole
+            elapsed = time.perf_counter() - tic
+            return make_plan(problem, budget, whole, "vmap", None, reason, elapsed), whole
         per_item_temp = max(per_item_temp, whole.temp_bytes / max(n, 1))
     if chunk_size is None:
         size, why = _fast_chunk_size(problem, per_item_temp, budget)
@@ -245,7 +255,8 @@ def plan_problem(
                 f"Chunks of {size} draws ({why}): {_mib(exe.temp_bytes)} of temporaries, "
                 f"{_mib(exe.peak_bytes)} in all, within the budget of {_mib(budget)}."
             )
-            return _make_plan(problem, budget, exe, "chunked", size, reason, tic), exe
+            elapsed = time.perf_counter() - tic
+            return make_plan(problem, budget, exe, "chunked", size, reason, elapsed), exe
         if size == 1:
             raise MemoryError(
                 f"Even one draw at a time needs {_mib(exe.peak_bytes)} (outputs "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
@@ -12,9 +11,16 @@ import jax
 import numpy as np
 
 from ._chunked import check_chunking, resolve_chunk_size
-from ._executable import HOST_CHUNKED, Executable, Problem, analyse, executable, execute
+from ._executable import HOST_CHUNKED, Problem, analyse, executable, execute
 from ._memory import resolve_device
-from ._planner import Plan, check_budget, check_budget_value, plan_problem, resolve_budget
+from ._planner import (
+    Plan,
+    check_budget,
+    check_budget_value,
+    make_plan,
+    plan_problem,
+    resolve_budget,
+)
 from ._progress import progress_bar
 from ._strategies import STRATEGIES
 
@@ -214,20 +220,6 @@ def _shares_memory(x: np.ndarray, y: jax.Array) -> bool:
         return True
 
 
-def _fixed_plan(problem: Problem, exe: Executable, strategy: str, size, budget) -> Plan:
-    return Plan(
-        strategy=strategy,
-        chunk_size=size,
-        n_chunks=None if size is None else -(-problem.n_items // size),
-        output_bytes=problem.output_bytes,
-        peak_bytes=exe.peak_bytes,
-        budget_bytes=budget,
-        reason=f"Strategy {strategy!r} was requested.",
-        compile_seconds=exe.compile_seconds,
-        loop=None if size is None else ("host" if exe.strategy == HOST_CHUNKED else "xla"),
-    )
-
-
 def _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, progress):
     """The plan and executable for a call: the planner's for "auto"/"chunked", else fixed."""
     size = None
@@ -248,7 +240,8 @@ def _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, prog
         budget = resolve_budget(problem, memory_budget)
         check_budget(problem, budget)
     exe = executable(problem, strategy, None, donate, progress)
-    return _fixed_plan(problem, exe, strategy, None, budget), exe
+    reason = f"Strategy {strategy!r} was requested."
+    return make_plan(problem, budget, exe, strategy, None, reason), exe
 
 
 def _is_out_of_memory(error: Exception) -> bool:
@@ -313,10 +306,8 @@ def run(
             )
             loop = HOST_CHUNKED if plan.loop == "host" else "chunked"
             exe = executable(problem, loop, size, donate, progressbar)
-            plan = dataclasses.replace(
-                _fixed_plan(problem, exe, "chunked", size, plan.budget_bytes),
-                reason=f"Retried at {size} draws per chunk after running out of memory.",
-            )
+            reason = f"Retried at {size} draws per chunk after running out of memory."
+            plan = make_plan(problem, plan.budget_bytes, exe, "chunked", size, reason)
     outputs = []
     it = iter(computed)
     for k in problem.forwarded:
