@@ -220,11 +220,16 @@ def main(argv=None) -> int:
         spec = FIXTURES[fixture]
         chains, draws = args.chains or spec.chains, args.draws or spec.draws
         cache_dir = tempfile.mkdtemp(prefix=f"bench-cache-{fixture}-")
-        for case in cases:
-            runs = []
-            for _ in range(1 if case.startswith("auto_cache") else args.repeat):
+        runs_by_case = {case: [] for case in cases}
+        # Round-robin over the cases, so that a drift in machine speed hits every case alike.
+        for repeat in range(args.repeat):
+            for case in cases:
+                if case.startswith("auto_cache") and repeat:
+                    continue  # cold then warm: one run each
+                runs = runs_by_case[case]
                 runs.append(run_case(fixture, case, chains, draws, args.timeout, cache_dir))
                 print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+        for case, runs in runs_by_case.items():
             ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["total_s"])
             row = ok[len(ok) // 2] if ok else runs[0]
             row["runs"] = len(ok)

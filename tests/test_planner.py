@@ -202,8 +202,16 @@ def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
     outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=7, progressbar=True)
     err = capsys.readouterr().err
     assert "Transforming variables" in err and "60/60" in err
-    # Updates came from inside the loop, chunk by chunk (9 chunks, the last overlapping).
-    assert sum(updates) == 60 and len(updates) >= 8, updates
+    # A first, timed segment of one chunk, then segments sized by the measured speed.
+    assert updates[0] == 7 and sum(updates) == 60, updates
+    assert_same(outputs, reference(jax_fn, raw))
+
+    # Segments of (almost) no time: one update per chunk (9 chunks, the last overlapping).
+    updates.clear()
+    monkeypatch.setattr(_executable, "SEGMENT_SECONDS", 0.0)
+    raw = models.raw_draws(model, 2, 30)
+    outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=7, progressbar=True)
+    assert [u for u in updates if u] == [7] * 8 + [4], updates
     assert_same(outputs, reference(jax_fn, raw))
 
 
