@@ -3,17 +3,23 @@ numpyro's `soft_vmap`, each case in a fresh process.
 
     python benchmarks/bench_postprocess.py --fixtures big_det,many_scalars --out bench.md
 
-Every case runs in its own Python process: the model is built and the raw draws are put on
-the device first (not timed), then the peak RSS is reset (`echo 5 > /proc/self/clear_refs`)
-and the post-processing is timed from the first call (trace + compile + run: what a user
-waits for). Peak extra memory is `VmHWM - VmRSS` before the call, from /proc/self/status.
-Every case donates the draws, as pymc does after sampling. The floor is the bytes of the
-outputs that cannot reuse input buffers (pass-through outputs are free).
+Every case runs in its own Python process: the model is built, the raw draws are put on
+the device and a trivial function is compiled first (not timed: a session that has just
+sampled has paid JAX's first-lowering costs) and Python's garbage is collected (a full
+collection with pymc loaded takes about 0.2 s, and would otherwise land in a case's timing
+by chance), then the peak RSS is reset
+(`echo 5 > /proc/self/clear_refs`) and the post-processing is timed from the first call
+(trace + compile + run: what a user waits for). Peak extra memory is `VmHWM - VmRSS` before
+the call, from /proc/self/status. Every case donates the draws, as pymc does after sampling.
+The floor is the bytes of the outputs that cannot reuse input buffers (pass-through outputs
+are free). The cases run round-robin (one repeat of every case, then the next), and `auto`
+is also compared with each case run by run.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -59,6 +65,13 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     jax.block_until_ready(raw)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
     problem = _executable.analyse(fn, specs, jax.devices()[0])
+    # A session that has just sampled has lowered and compiled before: pay JAX's one-time
+    # costs of a first lowering (about 0.15 s) here, not in whichever case is timed.
+    jax.block_until_ready(jax.jit(lambda x: x + 1).lower(raw[-1]).compile()(raw[-1]))
+    # With pymc loaded, one full collection of Python's garbage collector takes about 0.2 s
+    # (measured): start every case with none pending, so that none lands in one case's
+    # timing by chance.
+    gc.collect()
     n = chains * draws
     compile_seconds = planning = None
     name, _, batch = case.partition(":")
@@ -158,17 +171,19 @@ def _fmt(x, spec):
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| fixture | case | detail | total s | compile s | peak extra MiB | vs floor | same |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "| fixture | case | detail | total s | min-max s | compile s | peak extra MiB | vs floor "
+        "| same |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     reference = {
         r["fixture"]: r["checksum"] for r in rows if r["case"] == "pymc_vmap" and "checksum" in r
     }
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['fixture']} | {r['case']} | {r['error'][:60]} | | | | | |")
+            lines.append(f"| {r['fixture']} | {r['case']} | {r['error'][:60]} | | | | | | |")
             continue
         ref = reference.get(r["fixture"])
+        spread = r.get("all_total_s") or [r["total_s"]]
         same = (
             "–"
             if ref is None
@@ -176,9 +191,36 @@ def table(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {r['fixture']} | {r['case']} | {r['detail']} | {r['total_s']:.3f} | "
-            f"{_fmt(r['compile_s'], '.3f')} | {r['peak_extra_bytes'] / 2**20:,.0f} | "
+            f"{min(spread):.3f}-{max(spread):.3f} | {_fmt(r['compile_s'], '.3f')} | "
+            f"{r['peak_extra_bytes'] / 2**20:,.0f} | "
             f"{r['peak_extra_bytes'] / max(r['floor_bytes'], 1):.2f} | {same} |"
         )
+    return "\n".join(lines)
+
+
+def paired(runs_by_fixture: dict[str, dict[str, list[dict]]]) -> str:
+    """`auto` against each other case, run by run: the cases ran round-robin, so each
+    repeat's runs were neighbours in time, and the median of their ratios cancels a drift in
+    machine speed that the medians alone would not."""
+    lines = [
+        "| fixture | case | against | median ratio | ratios within | pairs |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for fixture, by_case in runs_by_fixture.items():
+        for case in (c for c in by_case if c in ("auto", "auto_progress")):
+            for other, other_runs in by_case.items():
+                if other == case or other.startswith("auto_cache"):
+                    continue
+                ratios = sorted(
+                    a["total_s"] / b["total_s"]
+                    for a, b in zip(by_case[case], other_runs)
+                    if "error" not in a and "error" not in b
+                )
+                if ratios:
+                    lines.append(
+                        f"| {fixture} | {case} | {other} | {ratios[len(ratios) // 2]:.3f} | "
+                        f"{ratios[0]:.2f}-{ratios[-1]:.2f} | {len(ratios)} |"
+                    )
     return "\n".join(lines)
 
 
@@ -215,12 +257,12 @@ def main(argv=None) -> int:
             + ["auto", "auto_progress", "auto_cache_cold", "auto_cache_warm"]
         )
     )
-    rows = []
+    rows, runs_by_fixture = [], {}
     for fixture in args.fixtures.split(","):
         spec = FIXTURES[fixture]
         chains, draws = args.chains or spec.chains, args.draws or spec.draws
         cache_dir = tempfile.mkdtemp(prefix=f"bench-cache-{fixture}-")
-        runs_by_case = {case: [] for case in cases}
+        runs_by_case = runs_by_fixture[fixture] = {case: [] for case in cases}
         # Round-robin over the cases, so that a drift in machine speed hits every case alike.
         for repeat in range(args.repeat):
             for case in cases:
@@ -229,12 +271,17 @@ def main(argv=None) -> int:
                 runs = runs_by_case[case]
                 runs.append(run_case(fixture, case, chains, draws, args.timeout, cache_dir))
                 print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-        for case, runs in runs_by_case.items():
+        for runs in runs_by_case.values():
             ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["total_s"])
             row = ok[len(ok) // 2] if ok else runs[0]
             row["runs"] = len(ok)
+            row["all_total_s"] = [r["total_s"] for r in ok]
             rows.append(row)
     text = table(rows)
+    if args.repeat > 1:
+        text += "\n\nRun by run (ratio of total seconds, same repeat):\n\n" + paired(
+            runs_by_fixture
+        )
     print(text)
     import jax
     import pymc

@@ -10,7 +10,7 @@ import models
 import numpy as np
 import pymc as pm
 import pytest
-from test_postprocess import assert_same, reference
+from test_postprocess import assert_donated, assert_same, reference
 
 import pymc_chunkpost as pc
 from pymc_chunkpost import _executable, _memory, _planner, _postprocess
@@ -213,6 +213,64 @@ def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
     outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=7, progressbar=True)
     assert [u for u in updates if u] == [7] * 8 + [4], updates
     assert_same(outputs, reference(jax_fn, raw))
+
+
+class TestSegmentsKeepTheDraws:
+    """With a progress bar, chunks run in host-dispatched segments that all read the draws:
+    the draws are freed (as donation would) only after the last segment, and a failure in a
+    later segment leaves them intact."""
+
+    @pytest.fixture
+    def segments(self, monkeypatch):
+        monkeypatch.setattr(_executable, "SEGMENT_SECONDS", 0.0)  # one chunk per segment
+        calls = []
+        real = _executable.executable
+
+        def executable(*args, **kwargs):
+            exe = real(*args, **kwargs)
+            if exe.strategy != _executable.HOST_SEGMENTS:
+                return exe
+
+            def step(outs, samples, lo, hi):
+                calls.append((int(lo), int(hi)))
+                if fail_at and len(calls) == fail_at[0]:
+                    raise jax.errors.JaxRuntimeError("INTERNAL: injected failure")
+                assert not any(x.is_deleted() for x in samples)
+                return exe.compiled(outs, samples, lo, hi)
+
+            return dataclasses.replace(exe, compiled=step)
+
+        fail_at = []
+        monkeypatch.setattr(_planner, "executable", executable)
+        return calls, fail_at
+
+    def test_donated_draws_are_freed_after_the_last_segment(self, wide, segments):
+        calls, _ = segments
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
+        expected = reference(jax_fn, raw)
+        outputs, plan = _postprocess.run(
+            jax_fn, raw, None, "chunked", True, chunk_size=7, progressbar=True
+        )
+        assert calls == [(i, i + 1) for i in range(9)]  # 9 chunks, one per segment
+        assert plan.loop == "xla" and plan.chunk_size == 7
+        assert_same(outputs, expected)
+        assert_donated(jax_fn, raw)
+
+    def test_a_failing_segment_leaves_the_draws(self, wide, segments):
+        calls, fail_at = segments
+        fail_at.append(3)
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
+        copies = [np.asarray(x).copy() for x in raw]
+        with pytest.raises(jax.errors.JaxRuntimeError, match="injected"):
+            pc.postprocess_samples(
+                jax_fn, raw, None, "chunked", True, chunk_size=7, progressbar=True
+            )
+        assert len(calls) == 3
+        for x, y in zip(raw, copies):
+            assert not x.is_deleted()
+            np.testing.assert_array_equal(np.asarray(x), y)
 
 
 def test_progress_bar_off_prints_nothing(wide, capsys):

@@ -22,6 +22,16 @@ def reference(jax_fn, raw):
     return pymc_postprocess(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
 
 
+def assert_donated(jax_fn, raw):
+    """Every input was freed by donation except those an output passes through."""
+    problem = _executable.analyse(
+        jax_fn, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw], jax.devices()[0]
+    )
+    passed_through = {k for k in problem.forwarded if k is not None}
+    for i, x in enumerate(raw):
+        assert x.is_deleted() == (i not in passed_through), i
+
+
 def assert_same(outputs, expected, rtol=1e-10):
     assert len(outputs) == len(expected)
     for got, want in zip(outputs, expected):
@@ -160,12 +170,7 @@ def test_donation_consumes_only_after_validation(built):
     assert not any(x.is_deleted() for x in raw)
     outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", True, chunk_size=4)
     assert_same(outputs, expected)
-    problem = _executable.analyse(
-        jax_fn, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw], jax.devices()[0]
-    )
-    passed = {k for k in problem.forwarded if k is not None}
-    for i, x in enumerate(raw):
-        assert x.is_deleted() == (i not in passed)
+    assert_donated(jax_fn, raw)
 
 
 def test_numpy_inputs_are_never_modified(built):
