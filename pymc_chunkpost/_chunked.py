@@ -105,6 +105,14 @@ read_slice = _in_range(lax.dynamic_slice_in_dim)
 write_slice = _in_range(lax.dynamic_update_slice_in_dim)
 
 
+def chunk_start(i, size: int, n: int):
+    """Where chunk `i` of `size` items starts among `n`: the last chunk overlaps the one
+    before instead of being smaller. A separate remainder step after the loop would make XLA
+    copy every output (measured: compiled temporaries then grow with `n`), and would compile
+    the mapped function twice. The clamp is compiled only where `size` does not divide `n`."""
+    return i * size if n % size == 0 else jnp.minimum(i * size, n - size)
+
+
 def _check_axes(axes: Any, what: str, allow_none: bool) -> None:
     """Validate a pytree of axes (ints, and `None` where allowed) before any tracing."""
     if what == "in_axes" and not isinstance(axes, int | tuple | list) and axes is not None:
@@ -274,10 +282,7 @@ def _chunked(
         ]
 
         def body(i, outs):
-            # The last chunk overlaps the one before instead of being smaller: a separate
-            # remainder step after the loop would make XLA copy every output (measured:
-            # compiled temporaries then grow with `n`), and would compile `f` twice.
-            start = i * size if n % size == 0 else jnp.minimum(i * size, n - size)
+            start = chunk_start(i, size, n)
             return write(outs, chunk(start, size, leaves), start)
 
         if on_chunk is None:

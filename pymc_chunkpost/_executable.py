@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._chunked import read_slice, write_slice
+from ._chunked import chunk_start, read_slice, write_slice
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE
 
@@ -323,8 +323,7 @@ def _host_step(per_draw: Callable, n: int, size: int, looped: bool) -> Callable:
     """
 
     def chunk(flat, outs, i):
-        # The last chunk overlaps the one before (see `_chunked`).
-        start = i * size if n % size == 0 else jnp.minimum(i * size, n - size)
+        start = chunk_start(i, size, n)
         ys = jax.vmap(per_draw)(*[read_slice(x, start, size, 0) for x in flat])
         return [write_slice(o, y, start, 0) for o, y in zip(outs, ys)]
 
@@ -364,8 +363,6 @@ def _run_host_driven(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.
     outs = list(exe.init())
     looped = exe.strategy == HOST_SEGMENTS
     per_call = max(1, int(n_chunks * FIRST_SEGMENT_FRACTION)) if looped else 1
-    if looped and not exe.progress:
-        per_call = n_chunks
     samples = list(samples)
     lo, tic = 0, time.perf_counter()
     while lo < n_chunks:
