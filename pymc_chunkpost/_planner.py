@@ -296,6 +296,8 @@ def plan(
     """
     from ._postprocess import _validate  # the one validation path
 
-    problem, _ = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend, "auto", None, None)
+    problem, _ = _validate(
+        jax_fn, raw_mcmc_samples, postprocessing_backend, "auto", None, None, memory_budget
+    )
     budget = resolve_budget(problem, memory_budget)
     return plan_problem(problem, budget)[0]

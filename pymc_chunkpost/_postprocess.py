@@ -136,9 +136,9 @@ def check_options(
     check_budget_value(memory_budget, names["memory_budget"])
 
 
-def _validate(jax_fn, raw_mcmc_samples, backend, strategy, chunk_size, n_chunks):
+def _validate(jax_fn, raw_mcmc_samples, backend, strategy, chunk_size, n_chunks, memory_budget):
     """All input checks, before any work. Returns the problem and the samples as arrays."""
-    check_options(strategy, chunk_size, n_chunks, None)
+    check_options(strategy, chunk_size, n_chunks, memory_budget)
     if not callable(jax_fn):
         raise ValueError(f"`jax_fn` must be callable, got {type(jax_fn).__name__}.")
     if isinstance(raw_mcmc_samples, dict) or not isinstance(raw_mcmc_samples, list | tuple):
@@ -269,8 +269,8 @@ def run(
         postprocessing_vectorize,
         chunk_size,
         n_chunks,
+        memory_budget,
     )
-    check_budget_value(memory_budget)  # before anything is placed
     placed, donate = _place(samples, problem.device, donate_samples, problem)
     strategy = postprocessing_vectorize
     plan, exe = _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, progressbar)
