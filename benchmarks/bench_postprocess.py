@@ -92,8 +92,13 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
         jax.config.update("jax_compilation_cache_dir", os.environ["BENCH_CACHE_DIR"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    gc_base = _status("VmRSS")
-    _reset_peak()
+    device = jax.devices()[0]
+    on_host = device.platform == "cpu"  # else: the device's own peak, from its allocator
+    if on_host:
+        base = _status("VmRSS")
+        _reset_peak()
+    else:
+        base = device.memory_stats()["bytes_in_use"]
     tic = time.perf_counter()
     if name in ("auto", "auto_progress", "auto_cache_cold", "auto_cache_warm"):
         outputs, plan = _postprocess.run(
@@ -132,7 +137,10 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
         detail = f"batch {batch}" if batch else ""
     jax.block_until_ready(outputs)
     total = time.perf_counter() - tic
-    peak = _status("VmHWM") - gc_base
+    if on_host:
+        peak = _status("VmHWM") - base
+    else:
+        peak = device.memory_stats()["peak_bytes_in_use"] - base
     checksum = float(sum(np.asarray(jnp.sum(jnp.asarray(o, jnp.float64))) for o in outputs))
     return {
         "fixture": fixture,
@@ -287,10 +295,12 @@ def main(argv=None) -> int:
     import pymc
 
     header = (
-        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPU cores, Python "
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPU cores "
+        f"({jax.devices()[0].device_kind}), Python "
         f"{sys.version.split()[0]}, jax {jax.__version__}, pymc {pymc.__version__}; each case "
         f"in a fresh process, the median of {args.repeat} shown (persistent-cache cases: one "
-        "run each, cold then warm); peak extra memory from VmHWM.\n\n"
+        "run each, cold then warm); peak extra memory from VmHWM (on a GPU: the allocator's "
+        "`peak_bytes_in_use`).\n\n"
     )
     if args.out:
         Path(args.out).write_text(header + text + "\n")

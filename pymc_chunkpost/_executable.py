@@ -23,7 +23,19 @@ from ._chunked import chunk_start, read_slice, write_slice
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE
 
-__all__ = ["Problem", "Executable", "executable", "analyse"]
+__all__ = ["Problem", "Executable", "executable", "analyse", "is_out_of_memory"]
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether an XLA error is the device running out of memory.
+
+    At run time XLA raises RESOURCE_EXHAUSTED. On a GPU it can also fail while *compiling*:
+    its autotuner runs candidate kernels on buffers of the real sizes, and when none can be
+    allocated it raises "NOT_FOUND: All configs failed during profiling", listing the
+    RESOURCE_EXHAUSTED failures (seen on an H200 with a 1.1 GiB pool, one 640 MiB chunk).
+    """
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
 
 
 @dataclasses.dataclass(frozen=True)

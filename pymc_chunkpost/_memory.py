@@ -59,18 +59,23 @@ def _available_backends() -> list[str]:
     return names
 
 
-def free_bytes(device: jax.Device) -> int:
-    """Memory free for new buffers on `device`, in bytes.
+def free_bytes(device: jax.Device) -> int | None:
+    """Memory free for new buffers on `device`, in bytes; None if the device cannot say.
 
     On a GPU this is the allocator's pool left after JAX's preallocation
-    (`bytes_limit - bytes_in_use` from `device.memory_stats()`). On the CPU it is the
-    operating system's available RAM (`MemAvailable` of `/proc/meminfo`, or
-    `os.sysconf` where that file is missing), capped by a cgroup memory limit if one is set.
+    (`bytes_limit - bytes_in_use` from `device.memory_stats()`; with preallocation off,
+    `bytes_limit` is still the pool's ceiling, `XLA_PYTHON_CLIENT_MEM_FRACTION` of the GPU).
+    With `XLA_PYTHON_CLIENT_ALLOCATOR=platform` the GPU keeps no statistics: None (seen on an
+    H200, jax 0.11). On the CPU it is the operating system's available RAM (`MemAvailable`
+    of `/proc/meminfo`, or `os.sysconf` where that file is missing), capped by a cgroup
+    memory limit if one is set.
     """
-    stats = device.memory_stats() if device.platform != "cpu" else None
+    if device.platform == "cpu":
+        return _host_available_bytes()
+    stats = device.memory_stats()
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    return _host_available_bytes()
+    return None
 
 
 def _host_available_bytes() -> int:

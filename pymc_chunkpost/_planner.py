@@ -23,12 +23,16 @@ How it chooses (measured on a 2-core x86 CPU; see docs/strategies.md):
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from ._chunked import resolve_chunk_size
-from ._executable import HOST_CHUNKED, Executable, Problem, executable
+from ._executable import HOST_CHUNKED, Executable, Problem, executable, is_out_of_memory
 from ._memory import free_bytes
 
 __all__ = ["Plan", "make_plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
@@ -107,9 +111,9 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def check_budget(problem: Problem, budget: int) -> None:
-    """Raise `MemoryError` if `budget` cannot even hold the outputs."""
-    if problem.output_bytes > budget:
+def check_budget(problem: Problem, budget: int | None) -> None:
+    """Raise `MemoryError` if `budget` cannot even hold the outputs (None: no known limit)."""
+    if budget is not None and problem.output_bytes > budget:
         raise MemoryError(
             f"Post-processing needs at least {_mib(problem.output_bytes)} for its outputs "
             f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
@@ -133,12 +137,31 @@ def check_budget_value(memory_budget: Any, name: str = "memory_budget") -> None:
         )
 
 
-def resolve_budget(problem: Problem, memory_budget: int | None) -> int:
-    """The budget in bytes: `memory_budget`, or the device's free memory if None."""
+def resolve_budget(problem: Problem, memory_budget: int | None) -> int | None:
+    """The budget in bytes: `memory_budget`, or the device's free memory if None.
+
+    None when the device cannot say what it has free (an accelerator whose allocator keeps no
+    statistics, such as `XLA_PYTHON_CLIENT_ALLOCATOR=platform`): the plan then has no limit,
+    and the out-of-memory retry is what keeps the draws safe. A warning says so.
+    """
     check_budget_value(memory_budget)
-    if memory_budget is None:
-        return free_bytes(problem.device)
-    return int(memory_budget)
+    if memory_budget is not None:
+        return int(memory_budget)
+    free = free_bytes(problem.device)
+    if free is None:
+        warnings.warn(
+            f"{problem.device} reports no memory statistics (as with "
+            "`XLA_PYTHON_CLIENT_ALLOCATOR=platform`), so its free memory is unknown: planning "
+            "without a memory limit, with the out-of-memory retry as the safety net. Pass "
+            "`memory_budget` (bytes) to plan under a limit.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return free
+
+
+def _budget_text(budget: int | None) -> str:
+    return "no known memory limit" if budget is None else f"the budget of {_mib(budget)}"
 
 
 def _divisor_near(n: int, target: int) -> int:
@@ -176,14 +199,20 @@ def make_plan(
     )
 
 
-def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int) -> tuple[int, str]:
+def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None) -> tuple[int, str]:
     """The chunk size that should run fastest, and why."""
     n = problem.n_items
     per_item = problem.per_item_bytes + per_item_temp
-    room = max(budget - problem.output_bytes, 0)
-    fits = max(1, int(room // max(per_item, 1)))
+    if budget is None:
+        fits = n
+    else:
+        room = max(budget - problem.output_bytes, 0)
+        fits = max(1, int(room // max(per_item, 1)))
     if problem.device.platform != "cpu":
-        # Accelerators want wide chunks: take half the room left after the outputs.
+        # Accelerators want wide chunks: take half the room left after the outputs (the
+        # other half leaves room for XLA's GPU autotuner, which allocates while compiling).
+        if budget is None:
+            return max(1, n // 2), "half the draws, as the free memory is unknown"
         return max(1, min(n, fits // 2)), "half the memory left after the outputs"
     n_buffers = len(problem.in_specs) + len(problem.computed)
     cache_size = int(TARGET_CHUNK_BYTES // max(per_item, 1))
@@ -198,7 +227,7 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int) -> tup
 
 def plan_problem(
     problem: Problem,
-    budget: int,
+    budget: int | None,
     *,
     donate: Sequence[int] = (),
     progress: bool = False,
@@ -213,7 +242,7 @@ def plan_problem(
 
     Args:
         problem: the shapes to plan for.
-        budget: bytes available for the outputs and temporaries.
+        budget: bytes available for the outputs and temporaries; None: no known limit.
         donate: input indices that will be donated (they change XLA's aliasing).
         progress: compile with the progress callback.
         force_chunked: skip the loop-free candidate (the caller asked for "chunked").
@@ -221,21 +250,23 @@ def plan_problem(
     """
     tic = time.perf_counter()
     check_budget(problem, budget)
+    limit = math.inf if budget is None else budget
     n = problem.n_items
     n_buffers = len(problem.in_specs) + len(problem.computed)
     host_loop = not force_chunked and n_buffers > HOST_LOOP_MIN_BUFFERS
     per_item_temp = float(problem.intermediate_bytes)
     small = SMALL_TEMP_BYTES
     if not force_chunked and chunk_size is None and n * per_item_temp <= small:
-        whole = executable(problem, "vmap", None, donate, progress)
-        if whole.peak_bytes <= budget and whole.temp_bytes <= small:
+        whole = _compile(problem, "vmap", None, donate, progress)
+        if whole is not None and whole.peak_bytes <= limit and whole.temp_bytes <= small:
             reason = (
                 f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of temporaries "
-                f"and {_mib(whole.peak_bytes)} in all, within the budget of {_mib(budget)}."
+                f"and {_mib(whole.peak_bytes)} in all, within {_budget_text(budget)}."
             )
             elapsed = time.perf_counter() - tic
             return make_plan(problem, budget, whole, "vmap", None, reason, elapsed), whole
-        per_item_temp = max(per_item_temp, whole.temp_bytes / max(n, 1))
+        if whole is not None:
+            per_item_temp = max(per_item_temp, whole.temp_bytes / max(n, 1))
     if chunk_size is None:
         size, why = _fast_chunk_size(problem, per_item_temp, budget)
         if host_loop:
@@ -247,27 +278,64 @@ def plan_problem(
     else:
         size, why = resolve_chunk_size(n, chunk_size, None), "the requested chunk size"
     while True:
-        exe = executable(problem, HOST_CHUNKED if host_loop else "chunked", size, donate, progress)
+        # One chunk of every draw is the loop-free vmap (a loop of one step compiles slower).
+        whole = size >= n and not force_chunked and not host_loop
+        strategy = "vmap" if whole else HOST_CHUNKED if host_loop else "chunked"
+        exe = _compile(problem, strategy, None if whole else size, donate, progress)
         expected = size * (per_item_temp + problem.per_item_bytes)
-        jumped = chunk_size is None and exe.temp_bytes > JUMP_FACTOR * expected + 2**24
-        if exe.peak_bytes <= budget and not jumped:
+        jumped = (
+            exe is not None
+            and chunk_size is None
+            and exe.temp_bytes > JUMP_FACTOR * expected + 2**24
+        )
+        if exe is not None and exe.peak_bytes <= limit and not jumped:
+            what = (
+                f"No loop, every draw at once ({why})"
+                if whole
+                else f"Chunks of {size} draws ({why})"
+            )
             reason = (
-                f"Chunks of {size} draws ({why}): {_mib(exe.temp_bytes)} of temporaries, "
-                f"{_mib(exe.peak_bytes)} in all, within the budget of {_mib(budget)}."
+                f"{what}: {_mib(exe.temp_bytes)} of temporaries, "
+                f"{_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
             )
             elapsed = time.perf_counter() - tic
+            if whole:
+                return make_plan(problem, budget, exe, "vmap", None, reason, elapsed), exe
             return make_plan(problem, budget, exe, "chunked", size, reason, elapsed), exe
         if size == 1:
+            if exe is None:
+                raise MemoryError(
+                    "Compiling even one draw at a time ran out of device memory (XLA's GPU "
+                    "autotuner allocates buffers of the chunk's size). Nothing was run; the "
+                    "draws are untouched. Free device memory, or post-process on the CPU "
+                    "(`postprocessing_backend='cpu'`)."
+                )
             raise MemoryError(
                 f"Even one draw at a time needs {_mib(exe.peak_bytes)} (outputs "
                 f"{_mib(problem.output_bytes)} plus XLA temporaries), over the memory budget "
-                f"of {_mib(budget)}. Nothing was run; the draws are untouched."
+                f"of {_mib(limit)}. Nothing was run; the draws are untouched."
             )
-        if jumped:
+        if exe is None:
+            why = f"compiling at {size} ran out of device memory; halved"
+        elif jumped:
             why = f"XLA's temporaries jumped to {_mib(exe.temp_bytes)} at {size}; halved"
         else:
             why = "halved until the compiled peak fits the budget"
         size = _divisor_near(n, size // 2)
+
+
+def _compile(problem, strategy, size, donate, progress) -> Executable | None:
+    """`executable(...)`, or None if compiling ran out of device memory.
+
+    On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's real size while
+    compiling, so a large chunk can fail to compile where a smaller one fits.
+    """
+    try:
+        return executable(problem, strategy, size, donate, progress)
+    except jax.errors.JaxRuntimeError as error:
+        if is_out_of_memory(error):
+            return None
+        raise
 
 
 def plan(

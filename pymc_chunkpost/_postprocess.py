@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from ._chunked import check_chunking, resolve_chunk_size
-from ._executable import HOST_CHUNKED, Problem, analyse, executable, execute
-from ._memory import resolve_device
+from ._executable import HOST_CHUNKED, Problem, analyse, executable, execute, is_out_of_memory
+from ._memory import free_bytes, resolve_device
 from ._planner import (
     Plan,
     check_budget,
@@ -244,11 +244,6 @@ def _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, prog
     return make_plan(problem, budget, exe, strategy, None, reason), exe
 
 
-def _is_out_of_memory(error: Exception) -> bool:
-    text = str(error)
-    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
-
-
 def run(
     jax_fn,
     raw_mcmc_samples,
@@ -272,22 +267,50 @@ def run(
         memory_budget,
     )
     placed, donate = _place(samples, problem.device, donate_samples, problem)
+    # What XLA may take: see `xla_may_donate`. The rest of `donate` is deleted after success.
+    xla_donate = donate if xla_may_donate(problem.device) else ()
     strategy = postprocessing_vectorize
-    plan, exe = _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, progressbar)
+    plan, retry = None, None  # `retry`: the chunk size to try after running out of memory
     while True:
         try:
+            if retry is None:
+                plan, exe = _choose(
+                    problem, strategy, chunk_size, n_chunks, memory_budget, xla_donate, progressbar
+                )
+            else:
+                # Compiling can run out of memory too (XLA's GPU autotuner), so the retry's
+                # compile sits inside the same `try`.
+                loop = HOST_CHUNKED if plan is not None and plan.loop == "host" else "chunked"
+                exe = executable(problem, loop, retry, xla_donate, progressbar)
+                reason = f"Retried at {retry} draws per chunk after running out of memory."
+                budget = None if plan is None else plan.budget_bytes
+                plan = make_plan(problem, budget, exe, "chunked", retry, reason)
             with progress_bar(problem.n_items, "Transforming variables", progressbar):
                 computed = execute(exe, placed)
                 jax.block_until_ready(computed)
             break
         except jax.errors.JaxRuntimeError as error:
-            if not _is_out_of_memory(error):
+            if not is_out_of_memory(error):
                 raise
             lost = [i for i in donate if placed[i].is_deleted()]
-            current = plan.chunk_size or _effective_chunk(problem, plan.strategy)
+            if retry is None and plan is not None:  # the first plan ran out while running
+                strategy = plan.strategy
+                current = plan.chunk_size or _effective_chunk(problem, strategy)
+            else:  # a retry, or a fixed strategy that ran out while compiling
+                current = retry or _effective_chunk(problem, strategy)
+            free = free_bytes(problem.device)
+            if not lost and free is not None and free < problem.output_bytes:
+                raise MemoryError(
+                    f"Post-processing ran out of memory with {strategy!r} at {current} draw(s) "
+                    f"per chunk, and smaller chunks cannot help: the outputs alone need "
+                    f"{problem.output_bytes / 2**20:,.1f} MiB and {problem.device} has "
+                    f"{free / 2**20:,.1f} MiB free. The raw draws are intact: free device "
+                    "memory (delete arrays you no longer need), or post-process on the CPU "
+                    "(`postprocessing_backend='cpu'`)."
+                ) from error
             if lost or current <= 1:
                 raise MemoryError(
-                    f"Post-processing ran out of memory with {plan.strategy!r} at "
+                    f"Post-processing ran out of memory with {strategy!r} at "
                     f"{current} draw(s) per chunk ({error}). "
                     + (
                         f"Inputs {lost} were donated and are lost."
@@ -297,17 +320,17 @@ def run(
                         "(`postprocessing_backend='cpu'`)."
                     )
                 ) from error
-            size = max(1, current // 2)
+            retry = max(1, current // 2)
             warnings.warn(
-                f"Post-processing ran out of memory with {plan.strategy!r} at {current} "
-                f"draw(s) per chunk; retrying with chunks of {size}. The draws are intact.",
+                f"Post-processing ran out of memory with {strategy!r} at {current} "
+                f"draw(s) per chunk; retrying with chunks of {retry}. The draws are intact.",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            loop = HOST_CHUNKED if plan.loop == "host" else "chunked"
-            exe = executable(problem, loop, size, donate, progressbar)
-            reason = f"Retried at {size} draws per chunk after running out of memory."
-            plan = make_plan(problem, plan.budget_bytes, exe, "chunked", size, reason)
+            strategy = "chunked"
+    for i in donate:  # what donation frees, once nothing can fail any more
+        if not placed[i].is_deleted():
+            placed[i].delete()
     outputs = []
     it = iter(computed)
     for k in problem.forwarded:
@@ -315,12 +338,25 @@ def run(
     return outputs, plan
 
 
+def xla_may_donate(device: jax.Device) -> bool:
+    """Whether donated draws may be handed to XLA itself (else: deleted after success).
+
+    On a GPU, XLA deletes donated buffers even when the execution then fails to allocate its
+    outputs (seen on an H200, jax 0.11: a RESOURCE_EXHAUSTED at run time took a donated
+    input with it), which would lose the draws that an out-of-memory retry needs. There the
+    draws are deleted only after success: the same memory is freed, later, and no output
+    can reuse an input's buffer (the planner's compiled peak counts that). On the CPU,
+    running out of memory means the kernel's OOM killer, not an error to retry, so XLA
+    takes the donation and outputs reuse the draws' buffers.
+    """
+    return device.platform == "cpu"
+
+
 def _effective_chunk(problem: Problem, strategy: str) -> int:
     """Draws evaluated together by a strategy without an explicit chunk size."""
     return {
-        "vmap": problem.n_items,
         "scan": problem.chains,
         "vmap_scan": problem.chains,
         "scan_vmap": problem.draws,
         "nested_scan": 1,
-    }[strategy]
+    }.get(strategy, problem.n_items)

@@ -16,6 +16,13 @@ import pymc_chunkpost as pc
 from pymc_chunkpost import _executable, _memory, _planner, _postprocess
 
 
+def assert_intact(raw, copies):
+    """The draws are alive and hold what they held before the call."""
+    for x, y in zip(raw, copies):
+        assert not x.is_deleted()
+        np.testing.assert_array_equal(np.asarray(x), y)
+
+
 @pytest.fixture(scope="module")
 def wide():
     """An observation-level deterministic of 2,000 points: 16 KiB per draw."""
@@ -172,9 +179,51 @@ class TestOutOfMemoryRetry:
         with pytest.warns(RuntimeWarning), pytest.raises(MemoryError, match="draws are intact"):
             pc.postprocess_samples(jax_fn, raw, None, "chunked", True, chunk_size=4)
         assert [a[1] for a in attempts] == [4, 2, 1]
-        for x, y in zip(raw, copies):
-            assert not x.is_deleted()
-            np.testing.assert_array_equal(np.asarray(x), y)
+        assert_intact(raw, copies)
+
+    @pytest.mark.parametrize("xla_takes_donation", [True, False])
+    def test_a_gpu_failure_that_deletes_donated_buffers(
+        self, wide, monkeypatch, xla_takes_donation
+    ):
+        """On an H200 (jax 0.11) a RESOURCE_EXHAUSTED at run time deleted a donated input.
+        Handing donation to XLA would lose the draws (the first case shows the failure mode);
+        on accelerators the draws are instead deleted after success (the second)."""
+        monkeypatch.setattr(_postprocess, "xla_may_donate", lambda device: xla_takes_donation)
+        real = _postprocess.execute
+
+        def execute(exe, samples):
+            if (exe.chunk_size or samples[0].shape[0] * samples[0].shape[1]) > 16:
+                for i in exe.donated:  # what the GPU runtime did
+                    samples[i].delete()
+                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (run time)")
+            return real(exe, samples)
+
+        monkeypatch.setattr(_postprocess, "execute", execute)
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+        expected = reference(jax_fn, raw)
+        if xla_takes_donation:
+            with pytest.raises(MemoryError, match="donated and are lost"):
+                _postprocess.run(jax_fn, raw, None, "vmap", True)
+            return
+        with pytest.warns(RuntimeWarning, match="The draws are intact"):
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
+        assert plan.chunk_size == 12
+        assert_same(outputs, expected)
+        assert_donated(jax_fn, raw)  # freed after success, as donation would have
+
+    def test_no_retry_when_the_outputs_alone_do_not_fit(self, wide, failing, monkeypatch):
+        """Smaller chunks cannot help when the device has less free than the outputs need
+        (on a GPU each failed attempt costs seconds: its autotuner tries every kernel)."""
+        attempts, _ = failing
+        monkeypatch.setattr(_postprocess, "free_bytes", lambda device: 1000)
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+        copies = [np.asarray(x).copy() for x in raw]
+        with pytest.raises(MemoryError, match="smaller chunks cannot help.*draws are intact"):
+            pc.postprocess_samples(jax_fn, raw, None, "vmap", True)
+        assert attempts == [("vmap", None)]
+        assert_intact(raw, copies)
 
     def test_other_runtime_errors_are_not_retried(self, wide, monkeypatch):
         def execute(exe, samples):
@@ -184,6 +233,92 @@ class TestOutOfMemoryRetry:
         model, jax_fn = wide
         with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
             pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 4), None, "vmap")
+
+
+class TestOutOfMemoryWhileCompiling:
+    """On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's size while
+    compiling; with too little free it fails with "NOT_FOUND: All configs failed during
+    profiling" listing RESOURCE_EXHAUSTED errors (seen on an H200: a 640 MiB chunk in a
+    1.1 GiB pool). Compiling smaller must be tried, as for a failure while running."""
+
+    AUTOTUNE_FAILURE = (
+        "NOT_FOUND: All configs failed during profiling or were excluded from selection.\n"
+        "Failures (8):\nEXECUTION FAILED: RESOURCE_EXHAUSTED: Out of memory while trying to "
+        "allocate 626.35MiB with allocator GPU_0_bfc on device 0."
+    )
+
+    @pytest.fixture
+    def failing(self, monkeypatch):
+        """`executable` fails to compile chunks over `limit[0]` draws (vmap: all draws)."""
+        attempts, limit = [], [16]
+        real = _executable.executable
+
+        def executable(problem, strategy, chunk_size, *args, **kwargs):
+            attempts.append((strategy, chunk_size))
+            if (chunk_size or problem.n_items) > limit[0]:
+                raise jax.errors.JaxRuntimeError(self.AUTOTUNE_FAILURE)
+            return real(problem, strategy, chunk_size, *args, **kwargs)
+
+        monkeypatch.setattr(_planner, "executable", executable)
+        monkeypatch.setattr(_postprocess, "executable", executable)
+        return attempts, limit
+
+    def test_planner_halves_what_fails_to_compile(self, wide, failing):
+        attempts, _ = failing
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+        expected = reference(jax_fn, raw)
+        outputs, plan = _postprocess.run(
+            jax_fn, raw, None, "chunked", True, chunk_size=100, memory_budget=2**30
+        )
+        assert [a[1] for a in attempts] == [100, 50, 25, 10]  # halved, to divisors of 100
+        assert plan.strategy == "chunked" and plan.chunk_size == 10
+        assert "ran out of device memory" in plan.reason
+        assert_same(outputs, expected)
+
+    def test_fixed_strategy_that_fails_to_compile_is_retried_in_chunks(self, wide, failing):
+        attempts, _ = failing
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+        expected = reference(jax_fn, raw)
+        with pytest.warns(RuntimeWarning, match="'vmap' at 100 draw"):
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
+        assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 12)]
+        assert plan.chunk_size == 12 and "out of memory" in plan.reason
+        assert_same(outputs, expected)
+
+    def test_failing_at_one_draw_keeps_the_draws(self, wide, failing):
+        _, limit = failing
+        limit[0] = 0
+        model, jax_fn = wide
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 4)]
+        copies = [np.asarray(x).copy() for x in raw]
+        with pytest.raises(MemoryError, match="Compiling even one draw"):
+            pc.postprocess_samples(jax_fn, raw, None, "auto", True, memory_budget=2**30)
+        assert_intact(raw, copies)
+
+
+def test_free_bytes_is_unknown_without_statistics():
+    class PlatformAllocatorGpu:  # `XLA_PYTHON_CLIENT_ALLOCATOR=platform` keeps no statistics
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {}
+
+    assert _memory.free_bytes(PlatformAllocatorGpu()) is None
+
+
+def test_unknown_free_memory_plans_without_a_limit(monkeypatch, wide):
+    model, jax_fn = wide
+    monkeypatch.setattr(_planner, "free_bytes", lambda device: None)
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
+    expected = reference(jax_fn, raw)
+    with pytest.warns(RuntimeWarning, match="free memory is unknown"):
+        outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+    assert plan.budget_bytes is None and "no known memory limit" in plan.reason
+    assert_same(outputs, expected)
+    with pytest.warns(RuntimeWarning, match="memory_budget"):
+        assert pc.plan(jax_fn, raw).budget_bytes is None
 
 
 def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
@@ -268,9 +403,7 @@ class TestSegmentsKeepTheDraws:
                 jax_fn, raw, None, "chunked", True, chunk_size=7, progressbar=True
             )
         assert len(calls) == 3
-        for x, y in zip(raw, copies):
-            assert not x.is_deleted()
-            np.testing.assert_array_equal(np.asarray(x), y)
+        assert_intact(raw, copies)
 
 
 def test_progress_bar_off_prints_nothing(wide, capsys):

@@ -1,0 +1,436 @@
+"""The GPU paths, checked on a machine with a GPU: one prepared run, sections in order of worth.
+
+    python benchmarks/gpu_check.py --out OUT_DIR [--sections memory,oom,fixtures,sample,bench]
+
+Sections (each writes `OUT_DIR/<section>.json` as soon as it ends, so a run cut short still
+reports what it finished):
+
+- `memory`: for each XLA client setting (`configure_memory`: preallocation on/off, the pool's
+  fraction, the allocators), in a fresh process: what `device.memory_stats()` reports, what
+  `free_bytes` reads from it, the plan `auto` makes for big_det, and the peak that running it
+  really reached (`peak_bytes_in_use`) against the plan's prediction.
+- `oom`: a small pool (`XLA_PYTHON_CLIENT_MEM_FRACTION`) that pymc's "vmap" cannot fit: what
+  pymc does, what `auto` plans and reaches, a real RESOURCE_EXHAUSTED retried down to a chunk
+  that fits (the draws intact and the values right), and a budget below the outputs.
+- `fixtures`: the real-model fixtures at full size, `auto` and `chunked` on the GPU and
+  `auto` with `postprocessing_backend="cpu"` from a GPU-default session, against pymc's own
+  `_postprocess_samples` (largest relative difference; 0 means identical).
+- `sample`: `pm.sample(nuts_sampler="numpyro" | "blackjax")` patched, post-processing on the
+  GPU and on the CPU, against unpatched pymc with the same seed.
+- `bench`: `benchmarks/bench_postprocess.py` on big_det with the anchors (peak from the
+  device's `peak_bytes_in_use`).
+
+Runs on a CPU-only machine too (the GPU-only parts say so), which is how it is tried before
+spending device time. On a GPU machine without pymc, carry its wheels (pymc, pytensor,
+arviz, arviz-base, arviz-stats, arviz-plots, better-optimize, cachetools, blackjax<1.6),
+install them with `pip install --no-deps --target /tmp/site`, and run with
+`PYTHONPATH=/tmp/site`; the results in docs/ came from such runs on an H200 (jax 0.11.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GiB = 2**30
+
+MEMORY_SETTINGS = {
+    "default": {},
+    "no_preallocate": {"preallocate": False},
+    "fraction_0.5": {"mem_fraction": 0.5},
+    "platform": {"allocator": "platform"},
+    "cuda_async": {"allocator": "cuda_async"},
+    "no_preallocate_0.05": {"preallocate": False, "mem_fraction": 0.05},
+    "no_autotune": {},  # with XLA_FLAGS=--xla_gpu_autotune_level=0 (see `_ENV`)
+}
+#: Extra environment per setting: XLA's GPU autotuner allocates buffers while compiling.
+_ENV = {"no_autotune": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}}
+
+
+def _setup() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    sys.path.insert(0, str(ROOT))
+
+
+def _stats(device) -> dict:
+    keys = ("bytes_limit", "bytes_in_use", "peak_bytes_in_use", "bytes_reservable_limit")
+    stats = device.memory_stats() or {}
+    return {k: stats.get(k) for k in keys if k in stats} | {"n_keys": len(stats)}
+
+
+def _plan_dict(plan) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(plan)
+
+
+def _big_det(chains=4, draws=1000):
+    import jax.numpy as jnp
+
+    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
+
+    model = FIXTURES["big_det"].build()
+    fn = jax_fn(model)
+    return fn, [jnp.asarray(x) for x in raw_draws(model, chains, draws, 0)], raw_draws
+
+
+def child_memory(setting: str) -> dict:
+    """In a fresh process: configure, then read the pool and plan/run big_det."""
+    _setup()
+    import pymc_chunkpost as pc
+
+    settings = pc.configure_memory(**MEMORY_SETTINGS[setting])
+    import jax
+
+    from pymc_chunkpost._memory import free_bytes
+
+    device = jax.devices()[0]
+    result = {"setting": setting, "env": settings, "platform": device.platform}
+    result["stats_at_start"] = _stats(device)
+    result["free_bytes_at_start"] = free_bytes(device)
+    fn, raw, _ = _big_det()
+    result["stats_with_draws"] = _stats(device)
+    tic = time.perf_counter()
+    plan = pc.plan(fn, raw)
+    result["plan"] = _plan_dict(plan)
+    result["stats_after_plan"] = _stats(device)  # compiled, not run: the autotuner's peak
+    outputs = pc.postprocess_samples(fn, raw, None, "auto", True)
+    jax.block_until_ready(outputs)
+    result["auto_seconds"] = time.perf_counter() - tic
+    result["stats_after_auto"] = _stats(device)
+    return result
+
+
+def child_oom(fraction: str) -> dict:
+    """In a process whose pool is `fraction` of the GPU: pymc vmap, auto, a real retry."""
+    _setup()
+    import warnings
+
+    import jax
+    import numpy as np
+    from pymc.sampling.jax import _postprocess_samples
+
+    import pymc_chunkpost as pc
+    from pymc_chunkpost._postprocess import run
+
+    device = jax.devices()[0]
+    result = {"fraction": fraction, "stats_at_start": _stats(device)}
+    fn, raw, _ = _big_det()
+    n_items = raw[0].shape[0] * raw[0].shape[1]
+    reference = None
+
+    def attempt(name, call):
+        tic = time.perf_counter()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = call()
+                jax.block_until_ready(value)
+            result[name] = {
+                "ok": True,
+                "seconds": time.perf_counter() - tic,
+                "warnings": [str(w.message)[:300] for w in caught],
+                "stats": _stats(device),
+            }
+            return value
+        except Exception as error:  # noqa: BLE001 - recorded, the next attempt runs
+            result[name] = {
+                "ok": False,
+                "error": f"{type(error).__name__}: {str(error)[:600]}",
+                "seconds": time.perf_counter() - tic,
+                "stats": _stats(device),
+            }
+            return None
+
+    value = attempt("pymc_vmap", lambda: _postprocess_samples(fn, raw, None, "vmap", False))
+    if value is not None:
+        reference = [np.asarray(v) for v in value]
+        del value
+    result["draws_intact_after_pymc"] = not any(x.is_deleted() for x in raw)
+    plan = attempt("plan_auto", lambda: pc.plan(fn, raw))
+    if plan is not None:
+        result["plan_auto"]["plan"] = _plan_dict(plan)
+    got = attempt("auto", lambda: run(fn, raw, None, "auto", False))
+    if got is not None:
+        outputs, plan = got
+        result["auto"]["plan"] = _plan_dict(plan)
+        if reference is None:  # pymc could not fit it on the GPU: compare with the CPU
+            reference = [
+                np.asarray(v)
+                for v in _postprocess_samples(
+                    fn, [np.asarray(x) for x in raw], "cpu", "scan", False
+                )
+            ]
+        result["auto"]["max_rel_diff"] = _max_rel_diff(outputs, reference)
+        del outputs, got  # free the device buffers before the next case
+    # A real out-of-memory error: a budget that lies (100 GiB) lets one chunk of every draw
+    # through the planner; the run must fail on the device, retry smaller and keep the draws.
+    got = attempt(
+        "forced_retry",
+        lambda: run(
+            fn,
+            raw,
+            None,
+            "chunked",
+            True,
+            chunk_size=n_items,
+            memory_budget=100 * GiB,
+        ),
+    )
+    if got is not None:
+        outputs, plan = got
+        result["forced_retry"]["plan"] = _plan_dict(plan)
+        if reference is not None:
+            result["forced_retry"]["max_rel_diff"] = _max_rel_diff(outputs, reference)
+        del outputs, got
+    result["draws_deleted_after_retry"] = [x.is_deleted() for x in raw]
+    fn, raw, _ = _big_det()
+    attempt("budget_below_outputs", lambda: pc.plan(fn, raw, memory_budget=2**20))
+    return result
+
+
+def _max_rel_diff(outputs, reference) -> float:
+    import numpy as np
+
+    worst = 0.0
+    for got, want in zip(outputs, reference):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if got.shape != want.shape:
+            return float("inf")
+        scale = np.maximum(np.abs(want), 1e-300)
+        worst = max(worst, float(np.max(np.abs(got - want) / scale, initial=0.0)))
+    return worst
+
+
+def section_fixtures(quick: bool) -> dict:
+    _setup()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from pymc.sampling.jax import _postprocess_samples
+
+    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
+    from pymc_chunkpost._postprocess import run
+
+    names = ["eight_schools", "lkj", "gp", "hierarchical", "wide", "many_scalars", "big_det"]
+    result = {"platform": jax.devices()[0].platform, "rows": []}
+    for name in names:
+        spec = FIXTURES[name]
+        model = spec.build()
+        fn = jax_fn(model)
+        shapes = [(spec.chains, spec.draws if not quick else 50), (1, 1), (3, 37)]
+        for chains, draws in shapes:
+            host = raw_draws(model, chains, draws, 1)
+            tic = time.perf_counter()
+            reference = [np.asarray(v) for v in _postprocess_samples(fn, host, None, "vmap")]
+            pymc_seconds = time.perf_counter() - tic
+            cases = [("auto", None, {}), ("chunked", None, {"chunk_size": 7}), ("auto", "cpu", {})]
+            for strategy, backend, options in cases:
+                raw = [jnp.asarray(x) for x in host]
+                tic = time.perf_counter()
+                row = {"fixture": name, "shape": [chains, draws], "strategy": strategy}
+                row |= {"backend": backend, **options}
+                try:
+                    outputs, plan = run(fn, raw, backend, strategy, True, **options)
+                    jax.block_until_ready(outputs)
+                    row["seconds"] = time.perf_counter() - tic
+                    row["pymc_vmap_seconds"] = pymc_seconds
+                    row["plan"] = f"{plan.strategy} {plan.chunk_size or ''} {plan.loop or ''}"
+                    row["max_rel_diff"] = _max_rel_diff(outputs, reference)
+                    row["devices"] = sorted({str(d) for o in outputs for d in o.devices()})
+                except Exception as error:  # noqa: BLE001
+                    row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
+                result["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    return result
+
+
+def section_sample(quick: bool) -> dict:
+    _setup()
+    import jax
+    import numpy as np
+    import pymc as pm
+
+    import pymc_chunkpost as pc
+
+    pymc6 = int(pm.__version__.split(".")[0]) >= 6
+    rng = np.random.default_rng(0)
+    group = np.arange(40) % 4
+    with pm.Model(coords={"group": range(4)}) as model:
+        x = pm.Data("x", rng.normal(size=40))
+        mu = pm.Normal("mu", 0, 1)
+        sigma = pm.HalfNormal("sigma", 1)
+        theta = pm.Normal("theta", mu, sigma, dims="group")
+        w = pm.Dirichlet("w", np.ones(3))
+        cut = pm.Normal(
+            "cut",
+            [-1, 0, 1],
+            1,
+            transform=pm.distributions.transforms.ordered,
+        )
+        pm.Deterministic("eta", theta[group] + x, dims=None)
+        pm.Deterministic("w_sum", w.sum() + cut.sum())
+        pm.Normal("y", theta[group] + x, 1, observed=rng.normal(size=40))
+    draws = 100
+    result = {"platform": jax.devices()[0].platform, "rows": []}
+    key = "nuts" if pymc6 else "nuts_sampler_kwargs"
+
+    def sample(sampler, options, patched):
+        common = dict(
+            draws=draws,
+            tune=draws,
+            chains=2,
+            random_seed=3,
+            progressbar=False,
+            compute_convergence_checks=False,
+            nuts_sampler=sampler,
+        )
+        # One GPU: pmap ("parallel", the default) over 2 chains would need 2 devices.
+        options = {"chain_method": "vectorized"} | options
+        if not patched:
+            options = {k: v for k, v in options.items() if not k.startswith("postprocessing_v")}
+        with model, pc.patched() if patched else contextlib.nullcontext():
+            return pm.sample(**common, **{key: options})
+
+    runs = [("numpyro", None, ("auto", "chunked")), ("numpyro", "cpu", ("auto",))]
+    runs += [("blackjax", None, ("auto",))]
+    for sampler, backend, strategies in runs:
+        base = {} if backend is None else {"postprocessing_backend": backend}
+        row = {"sampler": sampler, "backend": backend}
+        try:
+            reference = sample(sampler, base, False)
+            control = sample(sampler, base, False)  # pymc against itself, same seed
+            row["control_max_rel_diff"] = max(
+                _max_rel_diff([control.posterior[k].values], [reference.posterior[k].values])
+                for k in reference.posterior.data_vars
+            )
+            for strategy in strategies:
+                tic = time.perf_counter()
+                idata = sample(sampler, base | {"postprocessing_vectorize": strategy}, True)
+                worst = 0.0
+                for name in reference.posterior.data_vars:
+                    worst = max(
+                        worst,
+                        _max_rel_diff(
+                            [idata.posterior[name].values], [reference.posterior[name].values]
+                        ),
+                    )
+                row[strategy] = {
+                    "seconds": time.perf_counter() - tic,
+                    "max_rel_diff": worst,
+                    "attrs": {
+                        k: str(v)
+                        for k, v in idata.posterior.attrs.items()
+                        if k.startswith("postprocessing")
+                    },
+                }
+        except Exception as error:  # noqa: BLE001
+            row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
+            row["traceback"] = traceback.format_exc()[-1500:]
+        result["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    return result
+
+
+def _child(args: list[str], timeout: float, env: dict | None = None) -> dict:
+    command = [sys.executable, __file__, "--child", *args]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as expired:
+        partial = expired.stdout or ""
+        partial = partial.decode() if isinstance(partial, bytes) else partial
+        return {"args": args, "error": f"over {timeout} s", "partial": partial[-6000:]}
+    if done.returncode != 0:
+        return {"args": args, "error": done.stderr.strip()[-1500:], "partial": done.stdout[-6000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu_check_out")
+    parser.add_argument("--sections", default="memory,oom,fixtures,sample,bench")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a CPU try-out")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        children = {
+            "memory": child_memory,
+            "oom": child_oom,
+            "fixtures": lambda quick: section_fixtures(quick == "quick"),
+            "sample": lambda quick: section_sample(quick == "quick"),
+        }
+        value = children[kind](*rest)
+        print(json.dumps(value, default=str))
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for section in args.sections.split(","):
+        tic = time.perf_counter()
+        print(f"== {section}", flush=True)
+        try:
+            if section == "memory":
+                value = {
+                    name: _child(["memory", name], 60, _ENV.get(name)) for name in MEMORY_SETTINGS
+                }
+            elif section == "oom":
+                value = {
+                    f: _child(["oom", f], 90, {"XLA_PYTHON_CLIENT_MEM_FRACTION": f})
+                    for f in ("0.008", "0.02")
+                }
+            elif section in ("fixtures", "sample"):
+                # NUTS on a GPU is not reproducible run to run by default (scatter-adds in
+                # gradients use atomics): compare with deterministic ops.
+                env = {"XLA_FLAGS": "--xla_gpu_deterministic_ops=true"}
+                value = _child([section, "quick" if args.quick else "full"], 200, env)
+            elif section == "bench":
+                cases = "pymc_vmap,lax_map:64,lax_map:4000,auto,auto_progress"
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        str(ROOT / "benchmarks" / "bench_postprocess.py"),
+                        "--fixtures",
+                        "big_det",
+                        "--cases",
+                        cases,
+                        "--repeat",
+                        "1",
+                        "--out",
+                        str(out / "bench.md"),
+                    ]
+                    + (["--draws", "100"] if args.quick else []),
+                    capture_output=True,
+                    text=True,
+                    timeout=240,
+                    cwd=ROOT,
+                )
+                value = {"stdout": done.stdout[-4000:], "stderr": done.stderr[-3000:]}
+            else:
+                raise ValueError(section)
+        except Exception as error:  # noqa: BLE001 - the next section still runs
+            value = {"error": f"{type(error).__name__}: {error}", "tb": traceback.format_exc()}
+        value = {"section_seconds": time.perf_counter() - tic, "result": value}
+        (out / f"{section}.json").write_text(json.dumps(value, indent=1, default=str))
+        print(json.dumps(value, default=str)[:3000], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
