@@ -54,6 +54,8 @@ class Problem:
             (results of dots, decompositions, solves, gathers, loops, ...), read from the
             jaxpr. A cheap estimate of temporaries, used before anything is compiled.
         n_equations: per draw, the number of equations in the jaxpr (nested ones included).
+        shared_bytes: bytes of the constants that every draw reads (the model's data, such
+            as a design matrix), from the jaxpr's constants.
     """
 
     jax_fn: Callable
@@ -63,6 +65,7 @@ class Problem:
     forwarded: tuple[int | None, ...]
     intermediate_bytes: int = 0
     n_equations: int = 0
+    shared_bytes: int = 0
 
     @property
     def chains(self) -> int:
@@ -122,7 +125,10 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], device) 
         jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in closed.out_avals
     )
     intermediate, n_equations = _jaxpr_cost(closed.jaxpr)
-    problem = Problem(jax_fn, in_specs, device, out_specs, forwarded, intermediate, n_equations)
+    shared = sum(int(getattr(c, "nbytes", 0)) for c in closed.consts)
+    problem = Problem(
+        jax_fn, in_specs, device, out_specs, forwarded, intermediate, n_equations, shared
+    )
     _ANALYSIS_CACHE[key] = problem
     if len(_ANALYSIS_CACHE) > 64:
         _ANALYSIS_CACHE.popitem(last=False)

@@ -215,11 +215,19 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
             return max(1, n // 2), "half the draws, as the free memory is unknown"
         return max(1, min(n, fits // 2)), "half the memory left after the outputs"
     n_buffers = len(problem.in_specs) + len(problem.computed)
-    cache_size = int(TARGET_CHUNK_BYTES // max(per_item, 1))
+    # The data every draw reads (a design matrix) shares the cache with the chunk's own
+    # buffers; the chunk keeps at least half of the target.
+    room = max(TARGET_CHUNK_BYTES - problem.shared_bytes, TARGET_CHUNK_BYTES // 2)
+    cache_size = int(room // max(per_item, 1))
     overhead_size = -(-n_buffers * OVERHEAD_BYTES_PER_BUFFER // max(int(per_item), 1))
     size = min(max(cache_size, overhead_size, 1), fits, n)
     if overhead_size > cache_size:
         why = f"enough work per chunk to amortise the loop's cost over {n_buffers} buffers"
+    elif room < TARGET_CHUNK_BYTES:
+        why = (
+            f"a working set near {_mib(room)} per chunk: twice the L2 cache, less "
+            f"{_mib(TARGET_CHUNK_BYTES - room)} of data that every draw reads"
+        )
     else:
         why = f"a working set near {_mib(TARGET_CHUNK_BYTES)} per chunk (twice the L2 cache)"
     return size, why
