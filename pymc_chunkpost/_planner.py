@@ -11,7 +11,8 @@ How it chooses (measured on a 2-core x86 CPU; see docs/strategies.md):
    It compiles fastest (XLA can take minutes to compile a loop around a large per-draw
    function) and runs fastest when its working set is small.
 2. Otherwise chunks of the flattened chain x draw axis, sized so that one chunk's working set
-   (its temporaries, inputs and outputs) stays near `TARGET_CHUNK_BYTES`: vectorised enough
+   (its temporaries, inputs and outputs) stays near `TARGET_CHUNK_BYTES`, less the data that
+   every draw reads (`Problem.shared_bytes`), which shares the cache: vectorised enough
    to amortise the per-iteration cost, small enough to stay in cache and to keep XLA's
    temporaries (which jump with the chunk size) small. Chunk sizes that divide chains x draws
    are preferred: they need no remainder step, so the per-draw function is compiled once.
