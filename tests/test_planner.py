@@ -121,6 +121,25 @@ def test_default_budget_is_free_memory(monkeypatch, wide):
     assert pc.plan(jax_fn, models.raw_draws(model, 1, 3)).budget_bytes == 123_456_789
 
 
+def test_data_every_draw_reads_shrinks_the_chunk(wide):
+    """The data (`pm.Data` x, 2000 x 3) share the cache with the chunk: the CPU chunk aims at
+    `TARGET_CHUNK_BYTES` less those bytes, keeping at least half the target."""
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 4, 500)
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
+    problem = _executable.analyse(jax_fn, specs, jax.devices("cpu")[0])
+    assert problem.shared_bytes >= 2000 * 3 * 8
+    target, per_item = _planner.TARGET_CHUNK_BYTES, problem.per_item_bytes
+
+    def size(shared):
+        changed = dataclasses.replace(problem, shared_bytes=shared)
+        return _planner._fast_chunk_size(changed, 0.0, 2**40)[0]
+
+    assert size(0) == target // per_item
+    assert size(target // 4) == (target - target // 4) // per_item < size(0)
+    assert size(10 * target) == (target // 2) // per_item  # it keeps half the target
+
+
 def test_free_bytes_cpu_is_available_ram():
     with open("/proc/meminfo") as f:
         info = dict(line.split(":", 1) for line in f)
