@@ -56,13 +56,10 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     import numpy as np
     import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
 
-    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
+    from profiling.fixtures import on_device
     from pymc_chunkpost import _executable, _postprocess
 
-    model = FIXTURES[fixture].build()
-    fn = jax_fn(model)
-    raw = [jnp.asarray(x) for x in raw_draws(model, chains, draws, 0)]
-    jax.block_until_ready(raw)
+    _, fn, raw = on_device(fixture, chains, draws)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
     problem = _executable.analyse(fn, specs, jax.devices()[0])
     # A session that has just sampled has lowered and compiled before: pay JAX's one-time

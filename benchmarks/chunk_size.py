@@ -24,18 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(fixture: str, chains: int = 4, draws: int = 1000):
+def _load(fixture: str):
     warnings.filterwarnings("ignore")
     sys.path.insert(0, str(ROOT))
-    import jax
-    import jax.numpy as jnp
+    from profiling.fixtures import on_device
 
-    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
-
-    model = FIXTURES[fixture].build()
-    fn = jax_fn(model)
-    raw = [jnp.asarray(x) for x in raw_draws(model, chains, draws, 0)]
-    jax.block_until_ready(raw)
+    _, fn, raw = on_device(fixture)
     return fn, raw
 
 

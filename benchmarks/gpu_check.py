@@ -75,13 +75,10 @@ def _plan_dict(plan) -> dict:
 
 
 def _big_det(chains=4, draws=1000):
-    import jax.numpy as jnp
+    from profiling.fixtures import on_device
 
-    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
-
-    model = FIXTURES["big_det"].build()
-    fn = jax_fn(model)
-    return fn, [jnp.asarray(x) for x in raw_draws(model, chains, draws, 0)], raw_draws
+    _, fn, raw = on_device("big_det", chains, draws)
+    return fn, raw
 
 
 def child_memory(setting: str) -> dict:
@@ -98,7 +95,7 @@ def child_memory(setting: str) -> dict:
     result = {"setting": setting, "env": settings, "platform": device.platform}
     result["stats_at_start"] = _stats(device)
     result["free_bytes_at_start"] = free_bytes(device)
-    fn, raw, _ = _big_det()
+    fn, raw = _big_det()
     result["stats_with_draws"] = _stats(device)
     tic = time.perf_counter()
     plan = pc.plan(fn, raw)
@@ -125,7 +122,7 @@ def child_oom(fraction: str) -> dict:
 
     device = jax.devices()[0]
     result = {"fraction": fraction, "stats_at_start": _stats(device)}
-    fn, raw, _ = _big_det()
+    fn, raw = _big_det()
     n_items = raw[0].shape[0] * raw[0].shape[1]
     reference = None
 
@@ -194,7 +191,7 @@ def child_oom(fraction: str) -> dict:
             result["forced_retry"]["max_rel_diff"] = _max_rel_diff(outputs, reference)
         del outputs, got
     result["draws_deleted_after_retry"] = [x.is_deleted() for x in raw]
-    fn, raw, _ = _big_det()
+    fn, raw = _big_det()
     attempt("budget_below_outputs", lambda: pc.plan(fn, raw, memory_budget=2**20))
     return result
 

@@ -28,6 +28,7 @@ __all__ = [
     "jax_fn",
     "load_draws",
     "load_model",
+    "on_device",
     "output_names",
     "output_vars",
     "raw_draws",
@@ -94,6 +95,24 @@ def raw_draws(model: pm.Model, chains: int, draws: int, seed: int) -> list[np.nd
         x += init  # in place: no second sample-sized array
         out.append(x)
     return out
+
+
+def on_device(
+    name: str, chains: int | None = None, draws: int | None = None, seed: int = 0
+) -> tuple[pm.Model, Callable, list]:
+    """A fixture's model, its `jax_fn`, and its seeded raw draws on JAX's default device.
+
+    The draws are jax arrays, already transferred (`block_until_ready`): what a sampler
+    leaves on the device. `chains`/`draws` default to the fixture's.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    spec = FIXTURES[name]
+    model = spec.build()
+    raw = [jnp.asarray(x) for x in spec.raw_draws(model, chains, draws, seed)]
+    jax.block_until_ready(raw)
+    return model, jax_fn(model), raw
 
 
 def output_names(model: pm.Model) -> list[str]:
