@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -292,6 +293,9 @@ def run(
         except jax.errors.JaxRuntimeError as error:
             if not is_out_of_memory(error):
                 raise
+            # Release what the failed attempt's frames still hold (a host-driven loop's
+            # outputs), so that the free memory read below is what a retry would have.
+            traceback.clear_frames(error.__traceback__)
             lost = [i for i in donate if placed[i].is_deleted()]
             if retry is None and plan is not None:  # the first plan ran out while running
                 strategy = plan.strategy
