@@ -101,7 +101,7 @@ class Plan:
     n_chunks: int | None
     output_bytes: int
     peak_bytes: int
-    budget_bytes: int
+    budget_bytes: int | None
     reason: str
     compile_seconds: float = 0.0
     planning_seconds: float = 0.0
@@ -159,6 +159,11 @@ def resolve_budget(problem: Problem, memory_budget: int | None) -> int | None:
             stacklevel=3,
         )
     return free
+
+
+def wants_host_loop(problem: Problem) -> bool:
+    """Whether chunks of `problem` should be driven from the host (see HOST_LOOP_MIN_BUFFERS)."""
+    return len(problem.in_specs) + len(problem.computed) > HOST_LOOP_MIN_BUFFERS
 
 
 def _budget_text(budget: int | None) -> str:
@@ -224,10 +229,11 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
     size = min(max(cache_size, overhead_size, 1), fits, n)
     if overhead_size > cache_size:
         why = f"enough work per chunk to amortise the loop's cost over {n_buffers} buffers"
-    elif room < TARGET_CHUNK_BYTES:
+    elif problem.shared_bytes:
         why = (
-            f"a working set near {_mib(room)} per chunk: twice the L2 cache, less "
-            f"{_mib(TARGET_CHUNK_BYTES - room)} of data that every draw reads"
+            f"a working set near {_mib(room)} per chunk: twice the L2 cache, less the "
+            f"{_mib(problem.shared_bytes)} of data that every draw reads"
+            + (", keeping half the cache for the chunk" if room == TARGET_CHUNK_BYTES // 2 else "")
         )
     else:
         why = f"a working set near {_mib(TARGET_CHUNK_BYTES)} per chunk (twice the L2 cache)"
@@ -262,7 +268,7 @@ def plan_problem(
     limit = math.inf if budget is None else budget
     n = problem.n_items
     n_buffers = len(problem.in_specs) + len(problem.computed)
-    host_loop = not force_chunked and n_buffers > HOST_LOOP_MIN_BUFFERS
+    host_loop = not force_chunked and wants_host_loop(problem)
     per_item_temp = float(problem.intermediate_bytes)
     small = SMALL_TEMP_BYTES
     if not force_chunked and chunk_size is None and n * per_item_temp <= small:
@@ -292,9 +298,10 @@ def plan_problem(
         strategy = "vmap" if whole else HOST_CHUNKED if host_loop else "chunked"
         exe = _compile(problem, strategy, None if whole else size, donate, progress)
         expected = size * (per_item_temp + problem.per_item_bytes)
-        jumped = (
+        jumped = (  # a smaller chunk may avoid the jump; at one draw there is none
             exe is not None
             and chunk_size is None
+            and size > 1
             and exe.temp_bytes > JUMP_FACTOR * expected + 2**24
         )
         if exe is not None and exe.peak_bytes <= limit and not jumped:

@@ -21,6 +21,7 @@ from ._planner import (
     make_plan,
     plan_problem,
     resolve_budget,
+    wants_host_loop,
 )
 from ._progress import progress_bar
 from ._strategies import STRATEGIES
@@ -281,10 +282,17 @@ def run(
             else:
                 # Compiling can run out of memory too (XLA's GPU autotuner), so the retry's
                 # compile sits inside the same `try`.
-                loop = HOST_CHUNKED if plan is not None and plan.loop == "host" else "chunked"
+                if plan is not None and plan.loop is not None:  # the loop it had
+                    host = plan.loop == "host"
+                else:  # no loop yet: the planner's rule (many buffers: a host loop)
+                    host = wants_host_loop(problem)
+                loop = HOST_CHUNKED if host else "chunked"
                 exe = executable(problem, loop, retry, xla_donate, progressbar)
                 reason = f"Retried at {retry} draws per chunk after running out of memory."
-                budget = None if plan is None else plan.budget_bytes
+                if plan is not None:
+                    budget = plan.budget_bytes
+                else:
+                    budget = None if memory_budget is None else int(memory_budget)
                 plan = make_plan(problem, budget, exe, "chunked", retry, reason)
             with progress_bar(problem.n_items, "Transforming variables", progressbar):
                 computed = execute(exe, placed)
@@ -293,8 +301,9 @@ def run(
         except jax.errors.JaxRuntimeError as error:
             if not is_out_of_memory(error):
                 raise
-            # Release what the failed attempt's frames still hold (a host-driven loop's
-            # outputs), so that the free memory read below is what a retry would have.
+            # Release what the failed attempt still holds (its outputs, here and in the
+            # frames it failed in), so that the free memory read below is what a retry has.
+            computed = None
             traceback.clear_frames(error.__traceback__)
             lost = [i for i in donate if placed[i].is_deleted()]
             if retry is None and plan is not None:  # the first plan ran out while running

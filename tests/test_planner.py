@@ -121,9 +121,10 @@ def test_default_budget_is_free_memory(monkeypatch, wide):
     assert pc.plan(jax_fn, models.raw_draws(model, 1, 3)).budget_bytes == 123_456_789
 
 
-def test_data_every_draw_reads_shrinks_the_chunk(wide):
+def test_data_every_draw_reads_shrinks_the_chunk(wide, monkeypatch):
     """The data (`pm.Data` x, 2000 x 3) share the cache with the chunk: the CPU chunk aims at
     `TARGET_CHUNK_BYTES` less those bytes, keeping at least half the target."""
+    monkeypatch.setattr(_planner, "TARGET_CHUNK_BYTES", 4 * 2**20)  # any machine's L2
     model, jax_fn = wide
     raw = models.raw_draws(model, 4, 500)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
@@ -244,6 +245,23 @@ class TestOutOfMemoryRetry:
         assert attempts == [("vmap", None)]
         assert_intact(raw, copies)
 
+    def test_a_many_variable_model_is_retried_in_a_host_loop(self, failing):
+        """A vmap plan has no loop; its retry takes the planner's rule for the loop, so a
+        model with many variables is not sent into XLA's slow-to-compile loop."""
+        attempts, _ = failing
+        with pm.Model() as model:
+            xs = [pm.HalfNormal(f"x{i}") for i in range(60)]
+            pm.Deterministic("total", sum(xs))
+        jax_fn = models.jax_fn(model)
+        raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 20)]
+        expected = reference(jax_fn, raw)
+        with pytest.warns(RuntimeWarning, match="retrying"):
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", True)
+        host = _executable.HOST_CHUNKED
+        assert attempts == [("vmap", None), (host, 20), (host, 10)]
+        assert plan.loop == "host" and plan.chunk_size == 10
+        assert_same(outputs, expected)
+
     def test_other_runtime_errors_are_not_retried(self, wide, monkeypatch):
         def execute(exe, samples):
             raise jax.errors.JaxRuntimeError("INTERNAL: something else")
@@ -315,6 +333,22 @@ class TestOutOfMemoryWhileCompiling:
         with pytest.raises(MemoryError, match="Compiling even one draw"):
             pc.postprocess_samples(jax_fn, raw, None, "auto", True, memory_budget=2**30)
         assert_intact(raw, copies)
+
+
+def test_a_jump_at_one_draw_is_not_a_memory_error(wide, monkeypatch):
+    """XLA's temporaries "jump" (over 4x the estimate) at every size here: the planner halves
+    down to one draw and runs that, since it fits the budget; no MemoryError."""
+    real = _executable.executable
+
+    def executable(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), temp_bytes=2**30)
+
+    monkeypatch.setattr(_planner, "executable", executable)
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 2, 4)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "chunked", memory_budget=2**40)
+    assert plan.chunk_size == 1 and "jumped" in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
 
 
 def test_free_bytes_is_unknown_without_statistics():
