@@ -372,8 +372,9 @@ def _run_host_driven(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.
     `HOST_CHUNKED` calls once per chunk. `HOST_SEGMENTS` times a first, small segment and
     then sizes segments to about `SEGMENT_SECONDS` each: a short run takes two or three
     calls, a long one redraws the bar often enough, and neither pays for more dispatches.
-    The samples are read by every call, so they are deleted (as donation would) only at the
-    end; an error on the way leaves them intact.
+    The samples are read by every call, so none of them takes the draws: the caller
+    (`_postprocess.run`) deletes donated draws once the whole run has succeeded, and an
+    error on the way leaves them intact.
     """
     problem, size = exe.problem, exe.chunk_size
     n = problem.n_items
@@ -393,6 +394,4 @@ def _run_host_driven(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.
                 rate = hi / max(time.perf_counter() - tic, 1e-9)  # chunks per second
                 per_call = max(1, int(rate * SEGMENT_SECONDS))
         lo = hi
-    for i in exe.donated:  # what donation would have freed
-        samples[i].delete()
     return outs
