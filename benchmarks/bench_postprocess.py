@@ -56,8 +56,8 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     import numpy as np
     import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
 
-    from profiling.fixtures import on_device
     from pymc_chunkpost import _executable, _postprocess
+    from pymc_chunkpost.profiling.fixtures import on_device
 
     _, fn, raw = on_device(fixture, chains, draws)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
         print(json.dumps(child(fixture, case, int(chains), int(draws))))
         return 0
     sys.path.insert(0, str(ROOT))
-    from profiling.fixtures import FIXTURES
+    from pymc_chunkpost.profiling.fixtures import FIXTURES
 
     batches = args.batches.split(",")
     cases = (

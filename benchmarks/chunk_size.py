@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _load(fixture: str):
     warnings.filterwarnings("ignore")
     sys.path.insert(0, str(ROOT))
-    from profiling.fixtures import on_device
+    from pymc_chunkpost.profiling.fixtures import on_device
 
     _, fn, raw = on_device(fixture)
     return fn, raw

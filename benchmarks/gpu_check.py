@@ -75,7 +75,7 @@ def _plan_dict(plan) -> dict:
 
 
 def _big_det(chains=4, draws=1000):
-    from profiling.fixtures import on_device
+    from pymc_chunkpost.profiling.fixtures import on_device
 
     _, fn, raw = on_device("big_det", chains, draws)
     return fn, raw
@@ -216,8 +216,8 @@ def section_fixtures(quick: bool) -> dict:
     import numpy as np
     from pymc.sampling.jax import _postprocess_samples
 
-    from profiling.fixtures import FIXTURES, jax_fn, raw_draws
     from pymc_chunkpost._postprocess import run
+    from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws
 
     names = ["eight_schools", "lkj", "gp", "hierarchical", "wide", "many_scalars", "big_det"]
     result = {"platform": jax.devices()[0].platform, "rows": []}

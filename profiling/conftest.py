@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import pytest
 
-from .fixtures import FIXTURES
-from .fixtures import jax_fn as make_jax_fn
+from pymc_chunkpost.profiling.fixtures import FIXTURES
+from pymc_chunkpost.profiling.fixtures import jax_fn as make_jax_fn
 
 DEFAULT_MEMORY_FIXTURE = ("gp", 4, 1000)
 

@@ -89,7 +89,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def _list_fixtures() -> int:
-    from profiling.fixtures import FIXTURES
+    from pymc_chunkpost.profiling.fixtures import FIXTURES
 
     width = max(map(len, FIXTURES))
     for name, fixture in FIXTURES.items():
@@ -100,7 +100,7 @@ def _list_fixtures() -> int:
 def _run_cases(model_spec, cases, out_dir, **kwargs):
     from tqdm.auto import tqdm
 
-    from profiling.harness import run_case
+    from pymc_chunkpost.profiling.harness import run_case
 
     results = []
     with tqdm(cases, desc="profiling", unit="run") as bar:
@@ -113,9 +113,9 @@ def _run_cases(model_spec, cases, out_dir, **kwargs):
 def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.list:
         return _list_fixtures()
-    from profiling.fixtures import FIXTURES, load_draws, load_model
-    from profiling.harness import BASELINES, case_names
     from pymc_chunkpost import STRATEGIES
+    from pymc_chunkpost.profiling.fixtures import FIXTURES, load_draws, load_model
+    from pymc_chunkpost.profiling.harness import BASELINES, case_names
 
     if args.fixture is None and args.model is None:
         parser.error("pass --fixture NAME (see --list) or --model FILE.py:builder|model.p")
@@ -172,7 +172,7 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _finish(results, out_dir, title, command) -> int:
-    from profiling.report import HOW_MEASURED, table, write_report
+    from pymc_chunkpost.profiling.report import HOW_MEASURED, table, write_report
 
     path = write_report(results, out_dir, title, command)
     print(f"\n{title} (measured with memray, each row a fresh process)\n")
@@ -189,7 +189,7 @@ def _sample(fixture_name: str, chains: int, draws: int, tune: int, seed: int, pa
     """Sample with numpyro the way `pymc.sampling.jax.sample_jax_nuts` does; save raw draws."""
     import numpy as np
 
-    from profiling.fixtures import FIXTURES, sample_raw_draws
+    from pymc_chunkpost.profiling.fixtures import FIXTURES, sample_raw_draws
 
     model = FIXTURES[fixture_name].build()
     raw = sample_raw_draws(model, chains, draws, tune, seed)
@@ -197,7 +197,7 @@ def _sample(fixture_name: str, chains: int, draws: int, tune: int, seed: int, pa
 
 
 def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from profiling.fixtures import FIXTURES
+    from pymc_chunkpost.profiling.fixtures import FIXTURES
 
     if args.fixture not in FIXTURES:
         parser.error(f"unknown fixture {args.fixture!r}; choose from {', '.join(FIXTURES)}")

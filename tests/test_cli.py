@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from profiling.fixtures import FIXTURES, raw_draws
 from pymc_chunkpost.cli import main
+from pymc_chunkpost.profiling.fixtures import FIXTURES, raw_draws
 
 
 def _rows(report: str) -> dict[str, list[str]]:
@@ -76,7 +76,7 @@ def test_profile_user_model_with_draws_npz(tmp_path):
         "        pm.Deterministic('total', s.sum())\n"
         "    return m\n"
     )
-    from profiling.fixtures import load_model
+    from pymc_chunkpost.profiling.fixtures import load_model
 
     model = load_model(f"{source}:build")
     np.savez(tmp_path / "raw.npz", s_log__=raw_draws(model, 3, 7, seed=0)[0])

@@ -8,7 +8,7 @@ import pymc as pm
 import pytest
 from pymc.sampling.jax import _postprocess_samples
 
-from profiling.fixtures import (
+from pymc_chunkpost.profiling.fixtures import (
     FIXTURES,
     jax_fn,
     load_draws,

@@ -252,7 +252,7 @@ class TestBadInput:
 
 def test_end_to_end_numpyro_through_pymc():
     """Sample with numpyro the way pymc does, then post-process both ways."""
-    from profiling.fixtures import sample_raw_draws
+    from pymc_chunkpost.profiling.fixtures import sample_raw_draws
 
     model = models.data_regression(n_obs=50)
     raw = sample_raw_draws(model, chains=2, draws=25, tune=30, seed=3)

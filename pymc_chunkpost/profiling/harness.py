@@ -1,7 +1,8 @@
 """One profiling case per fresh process, measured with memray.
 
-`python -m profiling.harness --model SPEC --case ours:chunked --capture run.bin --result
-run.json [--chains C --draws D --seed S | --draws-npz raw.npz]` runs one case in this process:
+`python -m pymc_chunkpost.profiling.harness --model SPEC --case ours:chunked --capture run.bin
+--result run.json [--chains C --draws D --seed S | --draws-npz raw.npz]` runs one case in this
+process:
 
 1. builds the model and `jax_fn`, and puts the raw draws on the device as jax arrays (outside
    the tracked region, so the peak is what post-processing adds, as after sampling);
@@ -112,7 +113,7 @@ def run_case(
     cmd = [
         sys.executable,
         "-m",
-        "profiling.harness",
+        "pymc_chunkpost.profiling.harness",
         "--model",
         model_spec,
         "--case",
@@ -150,7 +151,9 @@ def run_case(
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m profiling.harness", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m pymc_chunkpost.profiling.harness", description=__doc__
+    )
     parser.add_argument("--model", required=True, help="fixture, FILE.py:builder or model.p")
     parser.add_argument("--case", required=True, help="ours:<strategy> or pymc:vmap|scan")
     parser.add_argument("--capture", required=True, help="memray capture file to write")
