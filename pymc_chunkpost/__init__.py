@@ -1,14 +1,22 @@
 """pymc_chunkpost: fast, memory-bounded post-processing of PyMC's JAX NUTS draws."""
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
+from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
+from ._executor import Loop as Loop
 from ._memory import configure_memory as configure_memory
 from ._patch import is_patched as is_patched
 from ._patch import patch as patch
 from ._patch import patched as patched
 from ._patch import unpatch as unpatch
 from ._planner import Plan as Plan
-from ._planner import plan as plan
+from ._postprocess import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
 from ._strategies import STRATEGIES as STRATEGIES
 
-__version__ = "0.1.0"
+try:
+    __version__ = _version("pymc-chunkpost")
+except _PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _postprocess
+from ._options import check_options
 from ._memory import resolve_device
 from ._planner import Plan
 
@@ -338,7 +339,7 @@ def _pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _check_options(options: dict[str, Any], postprocessing_backend: Any) -> None:
     """Every check `postprocess_samples` would make on the options, before sampling."""
     try:
-        _postprocess.check_options(
+        check_options(
             options["postprocessing_vectorize"],
             options["postprocessing_chunk_size"],
             options["postprocessing_n_chunks"],

@@ -1,28 +1,29 @@
-"""`auto`: choose a strategy and chunk size under a memory budget.
+"""`auto` and the out-of-memory retry: policy only.
 
-The planner reads XLA's own `memory_analysis()` of compiled candidates: it never guesses what
-XLA will allocate. Every candidate it compiles is kept in the executable cache, so the plan
-that wins is not compiled twice, and the compile seconds it spent are reported in the `Plan`.
+The planner decides, from evidence, what to run; `_executor` runs it. Every decision about a
+call lives here: the budget, the devices, the loop kind, the chunk size, and what to try
+after running out of memory. Numbers behind the constants are in docs/strategies.md.
 
-How it chooses (measured on a 2-core x86 CPU; see docs/strategies.md):
+Evidence, in the order it is used:
 
-1. No loop when the loop-free computation (`vmap`) has small temporaries (under 64 MiB)
-   and fits the budget.
-   It compiles fastest (XLA can take minutes to compile a loop around a large per-draw
-   function) and runs fastest when its working set is small.
-2. Otherwise chunks of the flattened chain x draw axis, sized so that one chunk's working set
-   (its temporaries, inputs and outputs) stays near `TARGET_CHUNK_BYTES`, less the data that
-   every draw reads (`Problem.shared_bytes`), which shares the cache: vectorised enough
-   to amortise the per-iteration cost, small enough to stay in cache and to keep XLA's
-   temporaries (which jump with the chunk size) small. Chunk sizes that divide chains x draws
-   are preferred: they need no remainder step, so the per-draw function is compiled once.
-3. The chosen executable's compiled peak (outputs + temporaries - donated aliases) must fit
-   the budget; if not, the chunk is halved, down to 1. A budget that cannot hold the outputs
-   raises `MemoryError` before anything runs.
+1. The tuning cache: the plan that a previous run of the same function and shapes measured
+   best (`_tuning`). A hit skips the search; it is still checked against today's budget.
+2. XLA's compiled analysis. The loop-free `vmap` is compiled first when the jaxpr's bound on
+   its temporaries leaves any chance that it fits; its `memory_analysis()` gives the real
+   temporaries per draw, after fusion. It runs when those stay under `VMAP_TEMP_BYTES` and
+   its peak under `COMFORT_FRACTION` of the budget: then nothing beats it, as it compiles
+   fastest and runs one wide computation. Otherwise the chunk is sized from the compiled
+   temporaries per draw (a working set near twice the L2 cache on a CPU; half the room
+   left on an accelerator), and checked against the budget by its own compiled peak.
+3. Measured time on the real draws. A chunked `auto` run is driven from the host, and a run
+   that has more than `TUNE_MIN_SECONDS` of work left after its first chunks tries larger
+   and smaller chunks on the next ones (each writes its real outputs, nothing is computed
+   twice), then goes on with the fastest. The result goes to the tuning cache.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import time
@@ -31,31 +32,51 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import Mesh
 
+from . import _tuning
 from ._chunked import resolve_chunk_size
-from ._executable import HOST_CHUNKED, Executable, Problem, executable, is_out_of_memory
+from ._executor import Executable, Loop, compile_executable
 from ._memory import free_bytes
+from ._problem import Placement, Problem, cpu_cores, is_out_of_memory
 
-__all__ = ["Plan", "make_plan", "plan_problem", "TARGET_CHUNK_BYTES", "SMALL_TEMP_BYTES"]
+__all__ = [
+    "Attempt",
+    "Plan",
+    "first_attempt",
+    "next_attempt",
+    "resolve_budget",
+    "spread",
+    "TARGET_CHUNK_BYTES",
+]
 
-#: Loop-free `vmap` is chosen when its temporaries stay under this (and the budget allows):
-#: below it, a loop's extra compile time costs more than the temporaries do (measured on
-#: the fixtures in docs/strategies.md: 25 MiB of temporaries cost ~0.01 s, a loop ~0.3 s of
-#: compiling; 140 MiB and more cost seconds).
-SMALL_TEMP_BYTES = 64 * 2**20
-#: Per-iteration cost of a loop, per buffer it slices or updates, in bytes of work that take
-#: as long (measured: about 1.5 us per buffer per iteration on a 2-core x86 CPU).
+#: The loop-free `vmap` runs when its compiled temporaries stay under this: below it, a
+#: loop's extra compiles and per-chunk costs outweigh what the temporaries cost in memory
+#: traffic (docs/strategies.md: 120-130 MiB of temporaries still ran fastest without a loop;
+#: 2.4 GiB ran 8x slower than chunks).
+VMAP_TEMP_BYTES = 256 * 2**20
+#: ...and when its compiled peak is at most this fraction of the budget, leaving room for
+#: whatever else the process allocates meanwhile.
+COMFORT_FRACTION = 0.5
+#: Per-chunk cost of a loop, per buffer it slices or updates, in bytes of work that take as
+#: long (about 1.5 us per buffer per chunk on a 2-core x86 CPU).
 OVERHEAD_BYTES_PER_BUFFER = 64 * 2**10
-#: `auto` drives chunks from a host loop when the loop body has more buffers (inputs plus
-#: computed outputs) than this: XLA's CPU compile time of a loop grows steeply with them
-#: (jax 0.12, 16 draws per chunk: 0.9 s at 33 buffers, 3 s at 97, 146 s at 401), while one
-#: straight-line chunk step compiles like the loop-free vmap (0.7 s at 401).
-HOST_LOOP_MIN_BUFFERS = 48
-#: A host loop runs at most this many chunks (each costs a dispatch, ~1 ms at 400 buffers).
+#: A host-driven loop runs at most this many chunks on a model with many buffers (each call
+#: costs a dispatch that grows with the buffers: about 1 ms at 400).
+HOST_LOOP_MANY_BUFFERS = 48
 HOST_LOOP_MAX_CHUNKS = 64
-#: A compiled chunk whose temporaries exceed this many times the estimate is a "jump" (XLA
+#: A compiled chunk whose temporaries exceed this many times the expected is a "jump" (XLA
 #: changed its layout or fusion at that size): the planner tries a smaller chunk.
 JUMP_FACTOR = 4
+#: The online tuner tries other chunk sizes only when at least this much work is left after
+#: the first chunks: below it, the compiles cannot pay for themselves.
+TUNE_MIN_SECONDS = 1.0
+#: Chunks timed per candidate size (after one untimed warm-up chunk of each).
+TUNE_CHUNKS = 2
+#: Spread single-device draws over local CPU devices only when the outputs and temporaries
+#: of the whole run come to at least this much work.
+SPREAD_MIN_BYTES = 64 * 2**20
 
 
 def cache_bytes() -> int:
@@ -70,30 +91,33 @@ def cache_bytes() -> int:
 
 
 #: One chunk's working set that the planner aims for on a CPU: twice the L2 cache of a core.
-#: Measured (docs/strategies.md): on a 2 MiB-L2 CPU the fastest chunks held 2.5-4 MiB; chunks
-#: of one or two draws ran 20-40% slower, chunks of 32+ draws 10-40% slower.
 TARGET_CHUNK_BYTES = 2 * cache_bytes()
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What `auto` runs, and why.
+    """What ran (or would run), and why.
 
     Attributes:
         strategy: the strategy name ("vmap" or "chunked", or as forced by the caller).
-        chunk_size: draws per chunk of the flattened chain x draw axis; None without chunks.
-        n_chunks: chunk evaluations (the last one may be smaller); None without chunks.
-        output_bytes: bytes of the outputs that must be allocated (pass-through outputs
-            such as untransformed variables reuse the input arrays and are not counted).
-        peak_bytes: predicted new memory at the peak: XLA's compiled outputs plus
+        chunk_size: draws per chunk (per device) of the flattened chain x draw axis; None
+            without chunks.
+        n_chunks: chunks per device (the last one may overlap the one before); None without.
+        output_bytes: bytes of the outputs that must be allocated, on all devices together
+            (pass-through outputs such as untransformed variables reuse the inputs).
+        peak_bytes: predicted new memory per device at the peak: XLA's compiled outputs plus
             temporaries, less outputs written into donated inputs.
-        budget_bytes: the memory budget the plan was made for.
+        budget_bytes: the memory budget per device; None when the device cannot say.
         reason: one readable sentence.
-        compile_seconds: XLA compile time of the chosen executable.
+        compile_seconds: XLA compile time of the executable that ran.
         planning_seconds: wall time of planning, all compiles of candidates included.
-        loop: how chunks are driven: "xla" (one compiled loop), "host" (a Python loop over
-            one compiled chunk step, for models with many variables, whose XLA loops take
-            minutes to compile), or None without chunks.
+        loop: how chunks are driven (`Loop.NONE`, `Loop.XLA` or `Loop.HOST`).
+        source: where the chunk size came from: "rule" (compiled analysis), "measured" (the
+            online tuner), "cache" (the tuning cache), "requested" or "retry".
+        n_devices: devices the work ran on, one shard each.
+        devices_reason: why those devices.
+        output_memory: where the outputs live: "device" or "host".
+        tuning_seconds: seconds per draw measured for each chunk size tried, if tuned.
     """
 
     strategy: str
@@ -105,69 +129,127 @@ class Plan:
     reason: str
     compile_seconds: float = 0.0
     planning_seconds: float = 0.0
-    loop: str | None = None
+    loop: Loop = Loop.NONE
+    source: str = "rule"
+    n_devices: int = 1
+    devices_reason: str = "one device"
+    output_memory: str = "device"
+    tuning_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
-def _mib(n: int) -> str:
+@dataclasses.dataclass
+class Attempt:
+    """One try at a call: the plan, its executable, and the tuner that may change its size."""
+
+    plan: Plan
+    exe: Executable
+    tuner: Tuner | None = None
+
+
+def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def _budget_text(budget: int | None) -> str:
+    return "no known memory limit" if budget is None else f"the budget of {_mib(budget)}"
 
 
 def check_budget(problem: Problem, budget: int | None) -> None:
     """Raise `MemoryError` if `budget` cannot even hold the outputs (None: no known limit)."""
-    if budget is not None and problem.output_bytes > budget:
+    per_device = problem.output_bytes // problem.n_shards
+    if budget is not None and per_device > budget:
         raise MemoryError(
-            f"Post-processing needs at least {_mib(problem.output_bytes)} for its outputs "
+            f"Post-processing needs at least {_mib(per_device)} per device for its outputs "
             f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
             f"{_mib(budget)}. Free memory, raise `memory_budget`, post-process fewer variables "
             "(`var_names`), or thin the draws. Nothing was run; the draws are untouched."
         )
 
 
-def check_budget_value(memory_budget: Any, name: str = "memory_budget") -> None:
-    """Raise `ValueError` unless `memory_budget` is None or a positive number of bytes."""
-    if memory_budget is None:
-        return
-    if (
-        isinstance(memory_budget, bool)
-        or not isinstance(memory_budget, int | float)
-        or not memory_budget > 0
-    ):
-        raise ValueError(
-            f"`{name}` must be a positive number of bytes, got {memory_budget!r}. "
-            "Pass None to use the device's free memory."
-        )
+def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
+    """The budget per device in bytes: `memory_budget`, or the free memory if None.
 
-
-def resolve_budget(problem: Problem, memory_budget: int | None) -> int | None:
-    """The budget in bytes: `memory_budget`, or the device's free memory if None.
-
-    None when the device cannot say what it has free (an accelerator whose allocator keeps no
-    statistics, such as `XLA_PYTHON_CLIENT_ALLOCATOR=platform`): the plan then has no limit,
-    and the out-of-memory retry is what keeps the draws safe. A warning says so.
+    On a CPU every device shares one RAM, so it is counted once and split over the shards.
+    None when the device cannot say what it has free (an accelerator whose allocator keeps
+    no statistics, as with `XLA_PYTHON_CLIENT_ALLOCATOR=platform`): the plan then has no
+    limit, and the out-of-memory retry is what keeps the draws safe. A warning says so.
     """
-    check_budget_value(memory_budget)
+    shards = problem.n_shards
     if memory_budget is not None:
-        return int(memory_budget)
-    free = free_bytes(problem.device)
-    if free is None:
-        warnings.warn(
+        return int(memory_budget) // shards
+    placement, cpu = problem.placement, problem.device.platform == "cpu"
+    devices = [problem.device] if placement.mesh is None or cpu else placement.mesh.devices.flat
+    frees = [free_bytes(d) for d in devices]
+    if any(free is None for free in frees):
+        warn(
             f"{problem.device} reports no memory statistics (as with "
             "`XLA_PYTHON_CLIENT_ALLOCATOR=platform`), so its free memory is unknown: planning "
             "without a memory limit, with the out-of-memory retry as the safety net. Pass "
-            "`memory_budget` (bytes) to plan under a limit.",
-            RuntimeWarning,
-            stacklevel=3,
+            "`memory_budget` (bytes) to plan under a limit."
         )
-    return free
+        return None
+    free = min(f for f in frees if f is not None)
+    return free // shards if cpu else free
 
 
-def wants_host_loop(problem: Problem) -> bool:
-    """Whether chunks of `problem` should be driven from the host (see HOST_LOOP_MIN_BUFFERS)."""
-    return len(problem.in_specs) + len(problem.computed) > HOST_LOOP_MIN_BUFFERS
+def _user_stacklevel() -> int:
+    """The `stacklevel` that points a warning at the first frame outside this package."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(
+        ("pymc_chunkpost", "pymc.", "pytensor", "contextlib")
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
-def _budget_text(budget: int | None) -> str:
-    return "no known memory limit" if budget is None else f"the budget of {_mib(budget)}"
+def warn(message: str) -> None:
+    """A `RuntimeWarning` pointed at the user's own call."""
+    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel() + 1)
+
+
+def spread(problem: Problem) -> Problem:
+    """The problem on the devices it should run on.
+
+    Draws already split over several devices stay there. Draws on one CPU device are
+    spread over local CPU devices, one per core at most (pymc forces 100 host devices: they
+    must not become 100 shards on 2 cores), when the run is large enough to repay it, along
+    the chain axis (or else the draw axis) when the device count divides it: no padded copy.
+    """
+    placement = problem.placement
+    device = placement.device
+    if placement.mesh is not None or device.platform != "cpu":
+        return problem
+    local = [d for d in jax.local_devices(backend="cpu")]
+    count = min(cpu_cores(), len(local))
+    work = problem.output_bytes + problem.n_items * problem.intermediate_bytes
+    if count < 2 or work < SPREAD_MIN_BYTES:
+        return problem
+    for axis, length in ((0, problem.chains), (1, problem.draws)):
+        for d in range(count, 1, -1):
+            if length % d == 0:
+                devices = [device] + [x for x in local if x != device][: d - 1]
+                mesh = Mesh(np.array(devices), ("spread",))
+                spec = ("spread", None) if axis == 0 else (None, "spread")
+                reason = (
+                    f"spread over {d} CPU devices (one per core) on the "
+                    f"{'chain' if axis == 0 else 'draw'} axis: {_mib(work)} of work"
+                )
+                return problem.with_placement(Placement(device, mesh, spec, reason))
+    return problem
+
+
+def loop_for(problem: Problem, strategy: str) -> Loop:
+    """The loop that chunks of `problem` run in: the one place this is decided.
+
+    `auto` drives chunks from the host, so that the tuner can change their size on the way
+    and a model with many buffers never meets XLA's slow-to-compile loops. An explicit
+    "chunked" is one XLA loop (it composes like `chunked_vmap`), except for many buffers.
+    """
+    if strategy == "auto" or problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
+        return Loop.HOST
+    return Loop.XLA
 
 
 def _divisor_near(n: int, target: int) -> int:
@@ -179,40 +261,48 @@ def _divisor_near(n: int, target: int) -> int:
     return target
 
 
-def make_plan(
+def smaller(n: int, size: int) -> int:
+    """The next chunk size to try below `size`: about half, a divisor of `n` where one is
+    near (it then needs no overlapping last chunk). The one rule for halving, used by the
+    planner and by the out-of-memory retry alike."""
+    return _divisor_near(n, max(1, size // 2))
+
+
+def _make_plan(
     problem: Problem,
     budget: int | None,
     exe: Executable,
     strategy: str,
-    size: int | None,
     reason: str,
+    source: str,
     planning_seconds: float = 0.0,
 ) -> Plan:
-    """The `Plan` that running `exe` (compiled for `strategy` at `size`) amounts to."""
-    chunks = None if size is None else -(-problem.n_items // size)
-    loop = None if size is None else ("host" if exe.strategy == HOST_CHUNKED else "xla")
+    size = exe.chunk_size
     return Plan(
         strategy=strategy,
         chunk_size=size,
-        n_chunks=chunks,
+        n_chunks=None if size is None else -(-problem.n_local // size),
         output_bytes=problem.output_bytes,
         peak_bytes=exe.peak_bytes,
         budget_bytes=budget,
         reason=reason,
         compile_seconds=exe.compile_seconds,
         planning_seconds=planning_seconds,
-        loop=loop,
+        loop=exe.loop,
+        source=source,
+        n_devices=problem.n_shards,
+        devices_reason=problem.placement.reason,
     )
 
 
 def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None) -> tuple[int, str]:
-    """The chunk size that should run fastest, and why."""
-    n = problem.n_items
+    """The chunk size that should run fastest, and why (before any measurement)."""
+    n = problem.n_local
     per_item = problem.per_item_bytes + per_item_temp
     if budget is None:
         fits = n
     else:
-        room = max(budget - problem.output_bytes, 0)
+        room = max(budget - problem.output_bytes // problem.n_shards, 0)
         fits = max(1, int(room // max(per_item, 1)))
     if problem.device.platform != "cpu":
         # Accelerators want wide chunks: take half the room left after the outputs (the
@@ -220,83 +310,124 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
         if budget is None:
             return max(1, n // 2), "half the draws, as the free memory is unknown"
         return max(1, min(n, fits // 2)), "half the memory left after the outputs"
-    n_buffers = len(problem.in_specs) + len(problem.computed)
     # The data every draw reads (a design matrix) shares the cache with the chunk's own
     # buffers; the chunk keeps at least half of the target.
     room = max(TARGET_CHUNK_BYTES - problem.shared_bytes, TARGET_CHUNK_BYTES // 2)
     cache_size = int(room // max(per_item, 1))
-    overhead_size = -(-n_buffers * OVERHEAD_BYTES_PER_BUFFER // max(int(per_item), 1))
+    overhead_size = -(-problem.n_buffers * OVERHEAD_BYTES_PER_BUFFER // max(int(per_item), 1))
     size = min(max(cache_size, overhead_size, 1), fits, n)
     if overhead_size > cache_size:
-        why = f"enough work per chunk to amortise the loop's cost over {n_buffers} buffers"
+        why = f"enough work per chunk to amortise the loop's cost over {problem.n_buffers} buffers"
     elif problem.shared_bytes:
         why = (
             f"a working set near {_mib(room)} per chunk: twice the L2 cache, less the "
             f"{_mib(problem.shared_bytes)} of data that every draw reads"
-            + (", keeping half the cache for the chunk" if room == TARGET_CHUNK_BYTES // 2 else "")
         )
     else:
         why = f"a working set near {_mib(TARGET_CHUNK_BYTES)} per chunk (twice the L2 cache)"
     return size, why
 
 
-def plan_problem(
+def _compile(jax_fn, problem, strategy, loop, size, donate, progress) -> Executable | None:
+    """`compile_executable(...)`, or None if compiling ran out of device memory.
+
+    On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's real size while
+    compiling, so a large chunk can fail to compile where a smaller one fits.
+    """
+    try:
+        return compile_executable(jax_fn, problem, strategy, loop, size, donate, progress)
+    except jax.errors.JaxRuntimeError as error:
+        if is_out_of_memory(error):
+            return None
+        raise
+
+
+def _request(strategy: str, output_memory: str) -> str:
+    return f"{strategy}|{output_memory}"
+
+
+def first_attempt(
+    jax_fn: Callable,
     problem: Problem,
+    strategy: str,
     budget: int | None,
     *,
+    chunk_size: int | None = None,
     donate: Sequence[int] = (),
     progress: bool = False,
-    force_chunked: bool = False,
-    chunk_size: int | None = None,
-) -> tuple[Plan, Executable]:
-    """Plan `problem` under `budget` bytes; returns the plan and its compiled executable.
-
-    Compiles one candidate in the common case: the loop-free vmap when the jaxpr says its
-    temporaries are small, else one chunked loop. Further compiles happen only when XLA's
-    memory analysis of a candidate shows a temporary "jump" or a peak over the budget.
+    use_cache: bool = True,
+) -> Attempt:
+    """The first thing to try for a call.
 
     Args:
-        problem: the shapes to plan for.
-        budget: bytes available for the outputs and temporaries; None: no known limit.
-        donate: input indices that will be donated (they change XLA's aliasing).
-        progress: compile with the progress callback.
-        force_chunked: skip the loop-free candidate (the caller asked for "chunked").
-        chunk_size: start from this chunk size instead of the planner's choice.
+        jax_fn: the per-draw function.
+        problem: the call, on the devices it runs on.
+        strategy: the requested strategy; "auto" and "chunked" are planned.
+        budget: bytes per device for outputs and temporaries; None: no known limit.
+        chunk_size: a requested chunk size (for "auto"/"chunked"), already resolved.
+        donate: input indices handed to XLA.
+        progress: compile with progress reporting.
+        use_cache: read and write the tuning cache ("auto" only).
+
+    Raises:
+        MemoryError: the budget cannot hold the outputs, or a fixed strategy's compiled peak
+            exceeds an explicit budget; nothing has run.
     """
     tic = time.perf_counter()
     check_budget(problem, budget)
-    limit = math.inf if budget is None else budget
-    n = problem.n_items
-    n_buffers = len(problem.in_specs) + len(problem.computed)
-    host_loop = not force_chunked and wants_host_loop(problem)
-    per_item_temp = float(problem.intermediate_bytes)
-    small = SMALL_TEMP_BYTES
-    if not force_chunked and chunk_size is None and n * per_item_temp <= small:
-        whole = _compile(problem, "vmap", None, donate, progress)
-        if whole is not None and whole.peak_bytes <= limit and whole.temp_bytes <= small:
-            reason = (
-                f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of temporaries "
-                f"and {_mib(whole.peak_bytes)} in all, within {_budget_text(budget)}."
+    if strategy not in ("auto", "chunked"):
+        exe = _compile(jax_fn, problem, strategy, Loop.NONE, None, donate, progress)
+        if exe is None:  # ran out of memory while compiling: the retry takes it from here
+            raise _CompileOutOfMemory(strategy)
+        if budget is not None and exe.peak_bytes > budget:
+            raise MemoryError(
+                f"Strategy {strategy!r} needs {_mib(exe.peak_bytes)} per device at its peak "
+                f"(outputs plus XLA's temporaries), over the memory budget of {_mib(budget)}. "
+                "Nothing was run; the draws are untouched. Pass "
+                "`postprocessing_vectorize='auto'` to plan within the budget."
             )
-            elapsed = time.perf_counter() - tic
-            return make_plan(problem, budget, whole, "vmap", None, reason, elapsed), whole
+        reason = f"Strategy {strategy!r} was requested."
+        plan = _make_plan(problem, budget, exe, strategy, reason, "requested")
+        return Attempt(plan, exe)
+    limit = math.inf if budget is None else budget
+    loop = loop_for(problem, strategy)
+    key = _tuning.tuning_key(problem, _request(strategy, "device"))
+    if strategy == "auto" and chunk_size is None and use_cache:
+        cached = _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic)
+        if cached is not None:
+            return cached
+    n = problem.n_local
+    per_item_temp = float(problem.intermediate_bytes)
+    comfortable = COMFORT_FRACTION * limit
+    if strategy == "auto" and chunk_size is None and n * per_item_temp <= 4 * VMAP_TEMP_BYTES:
+        whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress)
         if whole is not None:
-            per_item_temp = max(per_item_temp, whole.temp_bytes / max(n, 1))
+            if whole.temp_bytes <= VMAP_TEMP_BYTES and whole.peak_bytes <= comfortable:
+                reason = (
+                    f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of "
+                    f"temporaries and {_mib(whole.peak_bytes)} in all, within "
+                    f"{COMFORT_FRACTION:.0%} of {_budget_text(budget)}."
+                )
+                plan = _make_plan(
+                    problem, budget, whole, "vmap", reason, "rule", time.perf_counter() - tic
+                )
+                _tuning.store(key, {"loop": Loop.NONE.value, "chunk_size": None})
+                return Attempt(plan, whole)
+            per_item_temp = whole.temp_bytes / max(n, 1)  # the compiled evidence overrules
     if chunk_size is None:
         size, why = _fast_chunk_size(problem, per_item_temp, budget)
-        if host_loop:
+        if loop is Loop.HOST and problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
             size = max(size, -(-n // HOST_LOOP_MAX_CHUNKS))
             why += (
-                f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over {n_buffers} buffers"
+                f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over "
+                f"{problem.n_buffers} buffers"
             )
-        size = _divisor_near(n, size)
+        size, source = _divisor_near(n, size), "rule"
     else:
-        size, why = resolve_chunk_size(n, chunk_size, None), "the requested chunk size"
+        size, why, source = resolve_chunk_size(n, chunk_size, None), "as requested", "requested"
+    refined = False
     while True:
-        # One chunk of every draw is the loop-free vmap (a loop of one step compiles slower).
-        whole = size >= n and not force_chunked and not host_loop
-        strategy = "vmap" if whole else HOST_CHUNKED if host_loop else "chunked"
-        exe = _compile(problem, strategy, None if whole else size, donate, progress)
+        exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress)
         expected = size * (per_item_temp + problem.per_item_bytes)
         jumped = (  # a smaller chunk may avoid the jump; at one draw there is none
             exe is not None
@@ -305,19 +436,30 @@ def plan_problem(
             and exe.temp_bytes > JUMP_FACTOR * expected + 2**24
         )
         if exe is not None and exe.peak_bytes <= limit and not jumped:
-            what = (
-                f"No loop, every draw at once ({why})"
-                if whole
-                else f"Chunks of {size} draws ({why})"
-            )
+            if chunk_size is None and not refined and problem.device.platform == "cpu":
+                # The jaxpr's bound may be far off (XLA fuses gathers): size again from
+                # this chunk's compiled temporaries, once, if that moves the size 2x or more.
+                refined = True
+                measured = exe.temp_bytes / size
+                better, better_why = _fast_chunk_size(problem, measured, budget)
+                if loop is Loop.HOST and problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
+                    better = max(better, -(-n // HOST_LOOP_MAX_CHUNKS))
+                better = _divisor_near(n, better)
+                if not size / 2 < better < size * 2:
+                    size, why, per_item_temp = better, better_why, measured
+                    why += " (from the compiled temporaries per draw)"
+                    continue
             reason = (
-                f"{what}: {_mib(exe.temp_bytes)} of temporaries, "
+                f"Chunks of {size} draws ({why}): {_mib(exe.temp_bytes)} of temporaries, "
                 f"{_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
             )
-            elapsed = time.perf_counter() - tic
-            if whole:
-                return make_plan(problem, budget, exe, "vmap", None, reason, elapsed), exe
-            return make_plan(problem, budget, exe, "chunked", size, reason, elapsed), exe
+            plan = _make_plan(
+                problem, budget, exe, "chunked", reason, source, time.perf_counter() - tic
+            )
+            tuner = None
+            if strategy == "auto" and chunk_size is None and loop is Loop.HOST:
+                tuner = Tuner(jax_fn, exe, limit, donate, key)
+            return Attempt(plan, exe, tuner)
         if size == 1:
             if exe is None:
                 raise MemoryError(
@@ -328,8 +470,8 @@ def plan_problem(
                 )
             raise MemoryError(
                 f"Even one draw at a time needs {_mib(exe.peak_bytes)} (outputs "
-                f"{_mib(problem.output_bytes)} plus XLA temporaries), over the memory budget "
-                f"of {_mib(limit)}. Nothing was run; the draws are untouched."
+                f"{_mib(problem.output_bytes // problem.n_shards)} plus XLA temporaries), over "
+                f"the memory budget of {_mib(limit)}. Nothing was run; the draws are untouched."
             )
         if exe is None:
             why = f"compiling at {size} ran out of device memory; halved"
@@ -337,51 +479,267 @@ def plan_problem(
             why = f"XLA's temporaries jumped to {_mib(exe.temp_bytes)} at {size}; halved"
         else:
             why = "halved until the compiled peak fits the budget"
-        size = _divisor_near(n, size // 2)
+        size = smaller(n, size)
 
 
-def _compile(problem, strategy, size, donate, progress) -> Executable | None:
-    """`executable(...)`, or None if compiling ran out of device memory.
+class _CompileOutOfMemory(Exception):
+    """A fixed strategy ran out of device memory while compiling (handled as a failure)."""
 
-    On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's real size while
-    compiling, so a large chunk can fail to compile where a smaller one fits.
-    """
+    def __init__(self, strategy: str):
+        super().__init__(f"RESOURCE_EXHAUSTED: compiling {strategy!r} ran out of memory")
+        self.strategy = strategy
+
+
+def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> Attempt | None:
+    """The tuning cache's plan for `problem`, if it has one that fits today's budget."""
+    entry = _tuning.load(key)
+    if entry is None:
+        return None
     try:
-        return executable(problem, strategy, size, donate, progress)
-    except jax.errors.JaxRuntimeError as error:
-        if is_out_of_memory(error):
+        loop = Loop(entry["loop"])
+        size = entry["chunk_size"]
+        if size is not None:
+            size = int(size)
+            if not 1 <= size <= problem.n_local:
+                return None
+    except (KeyError, TypeError, ValueError):
+        return None
+    strategy = "vmap" if loop is Loop.NONE else "chunked"
+    exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress)
+    if exe is None or exe.peak_bytes > limit:
+        return None
+    what = "No loop" if size is None else f"Chunks of {size} draws"
+    reason = (
+        f"{what}, from the tuning cache ({entry.get('why', 'measured before')}): "
+        f"{_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
+    )
+    plan = _make_plan(problem, budget, exe, strategy, reason, "cache", time.perf_counter() - tic)
+    return Attempt(plan, exe)
+
+
+class Tuner:
+    """The online tuner of a host-driven `auto` run: policy for the executor's chunk loop.
+
+    The run starts at the rule's chunk size. After one warm-up and `TUNE_CHUNKS` timed
+    chunks it projects the work left; only if that exceeds `TUNE_MIN_SECONDS` does it try
+    other sizes: double the size while that is faster, else halve it while that is faster.
+    Each candidate compiles on a second thread (XLA compiles without the GIL) while the best
+    size so far goes on running, and its compiled peak is checked against the budget before
+    it runs. Every chunk writes its real outputs, so tuning computes nothing twice.
+    """
+
+    def __init__(self, jax_fn, exe: Executable, limit: float, donate, key: str):
+        self._jax_fn, self._limit, self._donate, self._key = jax_fn, limit, tuple(donate), key
+        self._problem = exe.problem
+        size = int(exe.chunk_size or 1)
+        self.steps: dict[int, Executable] = {size: exe}
+        self._times: dict[int, list[float]] = {}
+        self._warm: set[int] = set()
+        self._current = exe
+        self.best = size
+        self._tried = [size]
+        self._up = True
+        self._start = 0
+        self._pending: concurrent.futures.Future | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.timing = True  # the executor times chunks while this is set
+
+    @property
+    def seconds_per_draw(self) -> dict[int, float]:
+        return {size: min(ts) / size for size, ts in self._times.items() if ts}
+
+    @property
+    def measured(self) -> bool:
+        return len(self.seconds_per_draw) > 1
+
+    def next_step(self, start: int) -> Executable:
+        """The compiled step for the chunk at item `start`."""
+        self._start = start
+        if self._pending is not None and self._pending.done():
+            candidate = self._pending.result()
+            self._pending = None
+            if candidate is None:  # over the budget, or out of memory while compiling
+                self._finish()
+            else:
+                self.steps[int(candidate.chunk_size)] = candidate
+                self._current = candidate
+        return self._current
+
+    def record(self, step: Executable, seconds: float) -> None:
+        """A chunk of `step`'s size took `seconds` (the first of each size warms up)."""
+        size = int(step.chunk_size or 1)
+        if size not in self._warm:
+            self._warm.add(size)
+            return
+        times = self._times.setdefault(size, [])
+        times.append(seconds)
+        if len(times) == TUNE_CHUNKS and self._pending is None and self.timing:
+            self._decide()
+
+    def _decide(self) -> None:
+        rates = self.seconds_per_draw
+        best = min(rates, key=rates.__getitem__)
+        self.best = best
+        n = self._problem.n_local
+        if (n - self._start) * rates[best] < TUNE_MIN_SECONDS:
+            return self._finish()
+        newest = self._tried[-1]
+        if newest == best:  # the newest size is the fastest so far: go on that way
+            target = newest * 2 if self._up else newest // 2
+        elif self._up and best == self._tried[0]:  # a larger chunk was slower: try smaller
+            self._up = False
+            target = best // 2
+        else:
+            return self._finish()
+        if not 1 <= target <= n or target in self.steps:
+            return self._finish()
+        self._current = self.steps[best]  # the fastest so far runs while the next compiles
+        self._tried.append(target)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1)
+        self._pending = self._pool.submit(self._compile, target)
+
+    def _compile(self, size: int) -> Executable | None:
+        exe = _compile(
+            self._jax_fn,
+            self._problem,
+            "chunked",
+            Loop.HOST,
+            size,
+            self._donate,
+            self._current.progress,
+        )
+        if exe is None or exe.peak_bytes > self._limit:
             return None
-        raise
+        return exe
+
+    def _finish(self) -> None:
+        self.timing = False
+        self._current = self.steps[self.best]
+
+    def close(self) -> None:
+        """End tuning (waiting for a compile in flight) and store what was measured."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        rates = self.seconds_per_draw
+        if rates:
+            self.best = min(rates, key=rates.__getitem__)
+        why = (
+            f"measured fastest of {sorted(rates)} draws per chunk"
+            if self.measured
+            else "the compiled-analysis rule; the run was too short to tune"
+        )
+        entry = {"loop": Loop.HOST.value, "chunk_size": self.best, "why": why}
+        _tuning.store(self._key, entry | {"seconds_per_draw": {str(k): v for k, v in rates.items()}})
 
 
-def plan(
+def finished(attempt: Attempt) -> Plan:
+    """The plan that ran, with what the tuner measured."""
+    tuner, plan = attempt.tuner, attempt.plan
+    if tuner is None:
+        return plan
+    tuner.close()
+    rates = tuner.seconds_per_draw
+    if not tuner.measured:
+        return dataclasses.replace(plan, tuning_seconds=rates)
+    best = tuner.best
+    exe = tuner.steps[best]
+    reason = (
+        f"Chunks of {best} draws, measured fastest on the first chunks of this run "
+        f"(seconds per draw: "
+        + ", ".join(f"{k}: {v * 1e6:.1f} us" for k, v in sorted(rates.items()))
+        + f"); {_mib(exe.peak_bytes)} in all, within {_budget_text(plan.budget_bytes)}."
+    )
+    return dataclasses.replace(
+        plan,
+        chunk_size=best,
+        n_chunks=-(-exe.problem.n_local // best),
+        peak_bytes=max(s.peak_bytes for s in tuner.steps.values()),
+        reason=reason,
+        source="measured",
+        tuning_seconds=rates,
+    )
+
+
+def next_attempt(
     jax_fn: Callable,
-    raw_mcmc_samples: Sequence,
-    postprocessing_backend: str | None = None,
+    problem: Problem,
+    failed: Attempt | None,
+    failed_strategy: str,
+    error: BaseException,
     *,
-    memory_budget: int | None = None,
-) -> Plan:
-    """The plan that `postprocess_samples(..., "auto")` would run; compiles, runs nothing.
+    lost: Sequence[int],
+    budget: int | None,
+    donate: Sequence[int],
+    progress: bool,
+) -> Attempt:
+    """What to try after running out of memory: the one retry policy.
 
-    Args:
-        jax_fn: as for `postprocess_samples`.
-        raw_mcmc_samples: as for `postprocess_samples` (only shapes and dtypes are read).
-        postprocessing_backend: None, "cpu" or "gpu".
-        memory_budget: bytes for outputs and temporaries; None means the device's free memory
-            (available RAM on a CPU, the pool left after preallocation on a GPU).
-
-    Returns:
-        A `Plan`. Its compiled executable is cached: running the plan without donation
-        costs no second compile.
+    Halve the chunk that failed (`smaller`), in the loop it had, or in the planner's loop for
+    a plan that had none. Stop, with the draws intact, when the device has less free than
+    the outputs alone need (smaller chunks cannot help), at one draw per chunk, or when
+    donated draws were lost.
 
     Raises:
-        ValueError: for bad input (see `postprocess_samples`).
-        MemoryError: if the budget cannot hold the outputs.
+        MemoryError: nothing more to try.
     """
-    from ._postprocess import _validate  # the one validation path
-
-    problem, _ = _validate(
-        jax_fn, raw_mcmc_samples, postprocessing_backend, "auto", None, None, memory_budget
+    n = problem.n_local
+    if failed is not None:
+        current = failed.exe.chunk_size or _effective_chunk(problem, failed.exe.strategy)
+        loop = failed.exe.loop if failed.exe.loop is not Loop.NONE else None
+    else:  # a fixed strategy that ran out while compiling
+        current = _effective_chunk(problem, failed_strategy)
+        loop = None
+    if loop is None:
+        loop = loop_for(problem, "auto" if problem.n_buffers > HOST_LOOP_MANY_BUFFERS else "")
+    free = free_bytes(problem.device)
+    needed = problem.output_bytes // problem.n_shards
+    if not lost and free is not None and free < needed:
+        raise MemoryError(
+            f"Post-processing ran out of memory with {failed_strategy!r} at {current} draw(s) "
+            f"per chunk, and smaller chunks cannot help: the outputs alone need "
+            f"{_mib(needed)} and {problem.device} has {_mib(free)} free. The raw draws are "
+            "intact: free device memory (delete arrays you no longer need), or post-process "
+            "on the CPU (`postprocessing_backend='cpu'`)."
+        ) from error
+    if lost or current <= 1:
+        raise MemoryError(
+            f"Post-processing ran out of memory with {failed_strategy!r} at "
+            f"{current} draw(s) per chunk ({error}). "
+            + (
+                f"Inputs {list(lost)} were donated and are lost."
+                if lost
+                else "The raw draws are intact: pass a larger `memory_budget` after "
+                "freeing memory, or post-process on the CPU "
+                "(`postprocessing_backend='cpu'`)."
+            )
+        ) from error
+    size = smaller(n, current)
+    warn(
+        f"Post-processing ran out of memory with {failed_strategy!r} at {current} "
+        f"draw(s) per chunk; retrying with chunks of {size}. The draws are intact."
     )
-    budget = resolve_budget(problem, memory_budget)
-    return plan_problem(problem, budget)[0]
+    while True:
+        exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress)
+        if exe is not None:
+            break
+        if size <= 1:
+            raise MemoryError(
+                "Compiling even one draw at a time ran out of device memory. Nothing was "
+                "run; the draws are untouched. Free device memory, or post-process on the "
+                "CPU (`postprocessing_backend='cpu'`)."
+            ) from error
+        size = smaller(n, size)
+    reason = f"Retried at {size} draws per chunk after running out of memory."
+    return Attempt(_make_plan(problem, budget, exe, "chunked", reason, "retry"), exe)
+
+
+def _effective_chunk(problem: Problem, strategy: str) -> int:
+    """Draws evaluated together by a strategy without an explicit chunk size."""
+    chains, draws = problem.local_shape
+    return {
+        "scan": chains,
+        "vmap_scan": chains,
+        "scan_vmap": draws,
+        "nested_scan": 1,
+    }.get(strategy, problem.n_local)

@@ -1,34 +1,30 @@
-"""`postprocess_samples`: the drop-in for `pymc.sampling.jax._postprocess_samples`."""
+"""`postprocess_samples`: the drop-in for `pymc.sampling.jax._postprocess_samples`.
+
+`run` reads: check the options, validate the draws, place them, then try the planner's
+attempts until one succeeds (the planner decides what follows an out-of-memory failure),
+free what was donated, and assemble the outputs.
+"""
 
 from __future__ import annotations
 
 import inspect
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from ._chunked import check_chunking, resolve_chunk_size
-from ._executable import HOST_CHUNKED, Problem, analyse, executable, execute, is_out_of_memory
-from ._memory import free_bytes, resolve_device
-from ._planner import (
-    Plan,
-    check_budget,
-    check_budget_value,
-    make_plan,
-    plan_problem,
-    resolve_budget,
-    wants_host_loop,
-)
+from . import _planner
+from ._chunked import resolve_chunk_size
+from ._executor import execute
+from ._memory import resolve_device
+from ._options import CHUNK_STRATEGIES, check_options
+from ._planner import Attempt, Plan
+from ._problem import Problem, analyse, is_out_of_memory, locate
 from ._progress import progress_bar
-from ._strategies import STRATEGIES
 
-__all__ = ["postprocess_samples"]
-
-_CHUNK_OPTIONS = ("chunked", "auto")
+__all__ = ["postprocess_samples", "plan", "run"]
 
 
 def postprocess_samples(
@@ -47,14 +43,17 @@ def postprocess_samples(
 
     A drop-in for `pymc.sampling.jax._postprocess_samples`, with the same positional
     arguments and the same outputs. Every strategy is one jitted computation with no copies
-    of whole sample arrays; a second call with the same shapes compiles nothing.
+    of whole sample arrays; a second call with the same shapes compiles nothing. Draws split
+    over several devices (as `pm.sample`'s parallel chains leave them) are post-processed
+    where they are, each device its own shard, and the outputs keep that split.
 
     Args:
         jax_fn: the per-draw function, from `pymc.sampling.jax.get_jaxified_graph(
             inputs=model.value_vars, outputs=...)`.
         raw_mcmc_samples: one array (numpy or jax) per input of `jax_fn`, each of shape
             `(chains, draws, ...)`.
-        postprocessing_backend: None (the default device), "cpu" or "gpu".
+        postprocessing_backend: None (where the draws are, else the default device), "cpu"
+            or "gpu".
         postprocessing_vectorize: the strategy, one of `STRATEGIES`:
 
             - "vmap": both axes vmapped (pymc's default). Fastest to compile; temporaries
@@ -64,19 +63,26 @@ def postprocess_samples(
             - "scan_vmap": chains looped, draws vmapped. Temporaries scale with draws.
             - "nested_scan": one draw at a time. Least memory, slowest.
             - "chunked": the flattened chain x draw axis in chunks of `chunk_size` (or
-              `n_chunks` chunks); the planner picks the size if neither is given.
-            - "auto" (default): the planner's choice under `memory_budget`; see `plan`.
+              `n_chunks` chunks), in one XLA loop; the planner picks the size if neither is
+              given.
+            - "auto" (default): the fastest plan within `memory_budget`, from XLA's compiled
+              analysis and, on long runs, timings of the first chunks; see `plan`.
         donate_samples: let XLA reuse the raw samples' buffers for the outputs (as pymc does
             after sampling). They are donated only after all validation has passed, and an
             out-of-memory retry never loses them.
-        chunk_size: draws per chunk, for "chunked" and "auto".
+        chunk_size: draws per chunk (per device), for "chunked" and "auto". Smaller chunks
+            use less memory and take longer.
         n_chunks: alternatively, the number of chunks, for "chunked" and "auto".
-        memory_budget: bytes the outputs and temporaries may take. None means the device's
-            free memory for "auto"/"chunked", and no check for the other strategies.
-        progressbar: show a tqdm bar over chunks while a loop runs.
+        memory_budget: bytes the outputs and temporaries may take, on all devices together.
+            None means the free memory for "auto"/"chunked", and no check for the other
+            strategies; with a fixed strategy, a compiled peak over it raises `MemoryError`
+            before anything runs.
+        progressbar: show a tqdm bar over chunks while a loop runs (costs one host round
+            trip per chunk or segment, not measurable on the benchmarks).
 
     Returns:
-        One `jax.Array` per output of `jax_fn`, of shape `(chains, draws, ...)`.
+        One `jax.Array` per output of `jax_fn`, of shape `(chains, draws, ...)`, on the
+        draws' devices.
 
     Raises:
         ValueError: bad input, raised before any work; the caller's arrays are untouched.
@@ -97,50 +103,113 @@ def postprocess_samples(
     )[0]
 
 
-def check_options(
-    strategy: Any,
-    chunk_size: Any,
-    n_chunks: Any,
-    memory_budget: Any,
-    names: dict[str, str] | None = None,
-) -> None:
-    """The checks on the options alone, before any work; `patch` makes them before sampling.
+def plan(
+    jax_fn: Callable,
+    raw_mcmc_samples: Sequence,
+    postprocessing_backend: str | None = None,
+    *,
+    memory_budget: int | None = None,
+) -> Plan:
+    """The plan that `postprocess_samples(..., "auto")` would start with; runs nothing.
+
+    It compiles the candidates the planner reads (kept in the cache, so running the plan
+    without donation compiles nothing more), but cannot know what the online tuner of a
+    long run would measure: `Plan.source` is "rule" or "cache" here.
 
     Args:
-        strategy: `postprocessing_vectorize`.
-        chunk_size: the chunk size option.
-        n_chunks: the number-of-chunks option.
-        memory_budget: the memory budget option.
-        names: what the caller calls "chunk_size", "n_chunks" and "memory_budget", for the
-            messages (pymc's sampler calls them `postprocessing_chunk_size`, ...).
+        jax_fn: as for `postprocess_samples`.
+        raw_mcmc_samples: as for `postprocess_samples` (only shapes, dtypes and where the
+            arrays are, are read).
+        postprocessing_backend: None, "cpu" or "gpu".
+        memory_budget: bytes for outputs and temporaries; None means the free memory
+            (available RAM on a CPU, the pool left after preallocation on a GPU).
 
     Raises:
-        ValueError: naming the option, the value, and what to pass instead.
+        ValueError: for bad input (see `postprocess_samples`).
+        MemoryError: if the budget cannot hold the outputs.
     """
-    names = {
-        "chunk_size": "chunk_size",
-        "n_chunks": "n_chunks",
-        "memory_budget": "memory_budget",
-    } | (names or {})
-    if not isinstance(strategy, str) or strategy not in STRATEGIES:
-        raise ValueError(
-            f"Unknown `postprocessing_vectorize={strategy!r}`. Valid strategies: "
-            f"{', '.join(STRATEGIES)}."
-        )
-    chunk_names = (names["chunk_size"], names["n_chunks"])
-    check_chunking(chunk_size, n_chunks, chunk_names, "to let the planner choose")
-    if strategy not in _CHUNK_OPTIONS and (chunk_size is not None or n_chunks is not None):
-        raise ValueError(
-            f"`{chunk_names[0]}`/`{chunk_names[1]}` apply to the strategies {_CHUNK_OPTIONS}, "
-            f"not to {strategy!r}. Pass `postprocessing_vectorize='chunked'` to set the chunk "
-            "size."
-        )
-    check_budget_value(memory_budget, names["memory_budget"])
+    check_options("auto", None, None, memory_budget)
+    problem, _ = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+    problem = _planner.spread(problem)
+    budget = _planner.resolve_budget(problem, memory_budget)
+    return _planner.first_attempt(jax_fn, problem, "auto", budget).plan
 
 
-def _validate(jax_fn, raw_mcmc_samples, backend, strategy, chunk_size, n_chunks, memory_budget):
-    """All input checks, before any work. Returns the problem and the samples as arrays."""
+def run(
+    jax_fn: Callable,
+    raw_mcmc_samples: Sequence,
+    postprocessing_backend: str | None = None,
+    postprocessing_vectorize: str = "auto",
+    donate_samples: bool = False,
+    *,
+    chunk_size: int | None = None,
+    n_chunks: int | None = None,
+    memory_budget: int | None = None,
+    progressbar: bool = False,
+) -> tuple[list[jax.Array], Plan]:
+    """`postprocess_samples`, also returning the plan that ran."""
+    strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget)
+    problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+    if strategy in CHUNK_STRATEGIES:
+        problem = _planner.spread(problem)
+    placed, donate = _place(samples, donate_samples, problem)
+    # What XLA may take: see `xla_may_donate`. The rest of `donate` is deleted after success.
+    xla_donate = donate if xla_may_donate(problem.device) else ()
+    budget = None  # a fixed strategy is checked only against an explicit budget
+    if strategy in CHUNK_STRATEGIES or memory_budget is not None:
+        budget = _planner.resolve_budget(problem, memory_budget)
+    size = None
+    if chunk_size is not None or n_chunks is not None:
+        size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
+    attempt: Attempt | None = None
+    failed_strategy = strategy
+    while True:
+        try:
+            if attempt is None:
+                attempt = _planner.first_attempt(
+                    jax_fn,
+                    problem,
+                    strategy,
+                    budget,
+                    chunk_size=size,
+                    donate=xla_donate,
+                    progress=progressbar,
+                )
+            with progress_bar(problem.n_items, "Transforming variables", progressbar):
+                computed = execute(attempt.exe, placed, attempt.tuner)
+                jax.block_until_ready(computed)
+            break
+        except (jax.errors.JaxRuntimeError, _planner._CompileOutOfMemory) as error:
+            if not is_out_of_memory(error):
+                raise
+            # Release what the failed attempt still holds (its outputs, here and in the
+            # frames it failed in), so that the free memory the planner reads is real.
+            computed = None
+            traceback.clear_frames(error.__traceback__)
+            if attempt is not None:
+                failed_strategy = attempt.plan.strategy
+            attempt = _planner.next_attempt(
+                jax_fn,
+                problem,
+                attempt,
+                failed_strategy,
+                error,
+                lost=[i for i in donate if placed[i].is_deleted()],
+                budget=budget,
+                donate=xla_donate,
+                progress=progressbar,
+            )
+    for i in donate:  # what donation frees, once nothing can fail any more
+        if not placed[i].is_deleted():
+            placed[i].delete()
+    it = iter(computed)
+    outputs = [next(it) if k is None else placed[k] for k in problem.forwarded]
+    return outputs, _planner.finished(attempt)
+
+
+def _validate(jax_fn: Callable, raw_mcmc_samples: Any, backend: str | None):
+    """Every check of the draws, before any work. Returns the problem and the samples."""
     if not callable(jax_fn):
         raise ValueError(f"`jax_fn` must be callable, got {type(jax_fn).__name__}.")
     if isinstance(raw_mcmc_samples, dict) or not isinstance(raw_mcmc_samples, list | tuple):
@@ -177,12 +246,13 @@ def _validate(jax_fn, raw_mcmc_samples, backend, strategy, chunk_size, n_chunks,
             )
     if 0 in lead:
         raise ValueError(f"No draws to post-process: (chains, draws) = {lead}.")
-    device = resolve_device(backend)
+    device = None if backend is None else resolve_device(backend)
+    placement = locate(samples, device)
     in_specs = [
         jax.ShapeDtypeStruct(tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype))
         for x in samples
     ]
-    return analyse(jax_fn, in_specs, device), samples
+    return analyse(jax_fn, in_specs, placement), samples
 
 
 def _n_inputs(jax_fn) -> int | None:
@@ -195,17 +265,19 @@ def _n_inputs(jax_fn) -> int | None:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-def _place(samples, device, donate_samples: bool, problem: Problem):
-    """Put the samples on `device`; the indices that may be donated.
+def _place(samples, donate_samples: bool, problem: Problem):
+    """Put the samples where the problem runs; the indices that may be donated.
 
-    A caller's numpy array is never donated when the device array shares its memory, and a
-    passed-through input is returned as an output, so it is never donated either.
+    Arrays already there are used as they are (no copy). A caller's numpy array is never
+    donated when the device array shares its memory, and a passed-through input is returned
+    as an output, so it is never donated either.
     """
+    sharding = problem.placement.sharding
     placed, donate = [], []
     passed_through = {k for k in problem.forwarded if k is not None}
     for i, x in enumerate(samples):
-        on_device = isinstance(x, jax.Array) and x.devices() == {device}
-        y = x if on_device else jax.device_put(x, device)
+        there = isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim)
+        y = x if there else jax.device_put(x, sharding)
         placed.append(y)
         if not donate_samples or i in passed_through:
             continue
@@ -222,154 +294,13 @@ def _shares_memory(x: np.ndarray, y: jax.Array) -> bool:
         return True
 
 
-def _choose(problem, strategy, chunk_size, n_chunks, memory_budget, donate, progress):
-    """The plan and executable for a call: the planner's for "auto"/"chunked", else fixed."""
-    size = None
-    if chunk_size is not None or n_chunks is not None:
-        size = resolve_chunk_size(problem.n_items, chunk_size, n_chunks)
-    if strategy in _CHUNK_OPTIONS:
-        budget = resolve_budget(problem, memory_budget)
-        return plan_problem(
-            problem,
-            budget,
-            donate=donate,
-            progress=progress,
-            force_chunked=strategy == "chunked",
-            chunk_size=size,
-        )
-    budget = None
-    if memory_budget is not None:
-        budget = resolve_budget(problem, memory_budget)
-        check_budget(problem, budget)
-    exe = executable(problem, strategy, None, donate, progress)
-    reason = f"Strategy {strategy!r} was requested."
-    return make_plan(problem, budget, exe, strategy, None, reason), exe
-
-
-def run(
-    jax_fn,
-    raw_mcmc_samples,
-    postprocessing_backend=None,
-    postprocessing_vectorize="auto",
-    donate_samples=False,
-    *,
-    chunk_size=None,
-    n_chunks=None,
-    memory_budget=None,
-    progressbar=False,
-) -> tuple[list[jax.Array], Plan]:
-    """`postprocess_samples`, also returning the plan that ran."""
-    problem, samples = _validate(
-        jax_fn,
-        raw_mcmc_samples,
-        postprocessing_backend,
-        postprocessing_vectorize,
-        chunk_size,
-        n_chunks,
-        memory_budget,
-    )
-    placed, donate = _place(samples, problem.device, donate_samples, problem)
-    # What XLA may take: see `xla_may_donate`. The rest of `donate` is deleted after success.
-    xla_donate = donate if xla_may_donate(problem.device) else ()
-    strategy = postprocessing_vectorize
-    plan, retry = None, None  # `retry`: the chunk size to try after running out of memory
-    while True:
-        try:
-            if retry is None:
-                plan, exe = _choose(
-                    problem, strategy, chunk_size, n_chunks, memory_budget, xla_donate, progressbar
-                )
-            else:
-                # Compiling can run out of memory too (XLA's GPU autotuner), so the retry's
-                # compile sits inside the same `try`.
-                if plan is not None and plan.loop is not None:  # the loop it had
-                    host = plan.loop == "host"
-                else:  # no loop yet: the planner's rule (many buffers: a host loop)
-                    host = wants_host_loop(problem)
-                loop = HOST_CHUNKED if host else "chunked"
-                exe = executable(problem, loop, retry, xla_donate, progressbar)
-                reason = f"Retried at {retry} draws per chunk after running out of memory."
-                if plan is not None:
-                    budget = plan.budget_bytes
-                else:
-                    budget = None if memory_budget is None else int(memory_budget)
-                plan = make_plan(problem, budget, exe, "chunked", retry, reason)
-            with progress_bar(problem.n_items, "Transforming variables", progressbar):
-                computed = execute(exe, placed)
-                jax.block_until_ready(computed)
-            break
-        except jax.errors.JaxRuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            # Release what the failed attempt still holds (its outputs, here and in the
-            # frames it failed in), so that the free memory read below is what a retry has.
-            computed = None
-            traceback.clear_frames(error.__traceback__)
-            lost = [i for i in donate if placed[i].is_deleted()]
-            if retry is None and plan is not None:  # the first plan ran out while running
-                strategy = plan.strategy
-                current = plan.chunk_size or _effective_chunk(problem, strategy)
-            else:  # a retry, or a fixed strategy that ran out while compiling
-                current = retry or _effective_chunk(problem, strategy)
-            free = free_bytes(problem.device)
-            if not lost and free is not None and free < problem.output_bytes:
-                raise MemoryError(
-                    f"Post-processing ran out of memory with {strategy!r} at {current} draw(s) "
-                    f"per chunk, and smaller chunks cannot help: the outputs alone need "
-                    f"{problem.output_bytes / 2**20:,.1f} MiB and {problem.device} has "
-                    f"{free / 2**20:,.1f} MiB free. The raw draws are intact: free device "
-                    "memory (delete arrays you no longer need), or post-process on the CPU "
-                    "(`postprocessing_backend='cpu'`)."
-                ) from error
-            if lost or current <= 1:
-                raise MemoryError(
-                    f"Post-processing ran out of memory with {strategy!r} at "
-                    f"{current} draw(s) per chunk ({error}). "
-                    + (
-                        f"Inputs {lost} were donated and are lost."
-                        if lost
-                        else "The raw draws are intact: pass a larger `memory_budget` after "
-                        "freeing memory, or post-process on the CPU "
-                        "(`postprocessing_backend='cpu'`)."
-                    )
-                ) from error
-            retry = max(1, current // 2)
-            warnings.warn(
-                f"Post-processing ran out of memory with {strategy!r} at {current} "
-                f"draw(s) per chunk; retrying with chunks of {retry}. The draws are intact.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            strategy = "chunked"
-    for i in donate:  # what donation frees, once nothing can fail any more
-        if not placed[i].is_deleted():
-            placed[i].delete()
-    outputs = []
-    it = iter(computed)
-    for k in problem.forwarded:
-        outputs.append(next(it) if k is None else placed[k])
-    return outputs, plan
-
-
 def xla_may_donate(device: jax.Device) -> bool:
     """Whether donated draws may be handed to XLA itself (else: deleted after success).
 
     On a GPU, XLA deletes donated buffers even when the execution then fails to allocate its
-    outputs (seen on an H200, jax 0.11: a RESOURCE_EXHAUSTED at run time took a donated
-    input with it), which would lose the draws that an out-of-memory retry needs. There the
-    draws are deleted only after success: the same memory is freed, later, and no output
-    can reuse an input's buffer (the planner's compiled peak counts that). On the CPU,
-    running out of memory means the kernel's OOM killer, not an error to retry, so XLA
+    outputs (docs/memory.md), which would lose the draws that an out-of-memory retry needs.
+    There the draws are deleted only after success: the same memory is freed, later. On the
+    CPU, running out of memory means the kernel's OOM killer, not an error to retry, so XLA
     takes the donation and outputs reuse the draws' buffers.
     """
     return device.platform == "cpu"
-
-
-def _effective_chunk(problem: Problem, strategy: str) -> int:
-    """Draws evaluated together by a strategy without an explicit chunk size."""
-    return {
-        "scan": problem.chains,
-        "vmap_scan": problem.chains,
-        "scan_vmap": problem.draws,
-        "nested_scan": 1,
-    }.get(strategy, problem.n_items)

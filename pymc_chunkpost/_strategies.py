@@ -15,10 +15,7 @@ import jax
 
 from ._chunked import _chunked
 
-__all__ = ["STRATEGIES", "STRATEGY_TABLE", "Progress"]
-
-# A per-chunk host callback: `progress(items_done, n_items)`, or None.
-Progress = Callable[[jax.Array, int], None] | None
+__all__ = ["STRATEGIES", "STRATEGY_TABLE"]
 
 
 def _vmap(fn, samples, chunk_size, progress):

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# The on-disk tuning cache is off in tests (its own tests turn it on in a temporary folder), so
+# that no run depends on what an earlier run left.
+os.environ["PYMC_CHUNKPOST_CACHE_DIR"] = ""
 
 import pytest
 

@@ -178,7 +178,7 @@ REAL = [
         "blackjax",
         {"postprocessing_vectorize": "chunked", "postprocessing_n_chunks": 3},
         "chunked",
-        14,  # ceil(2 chains x 20 draws / 3)
+        7,  # per device: parallel chains leave one chain per device, ceil(20 draws / 3)
     ),
     (
         "sample_jax_nuts",

@@ -10,17 +10,18 @@ import models
 import numpy as np
 import pymc as pm
 import pytest
-from test_postprocess import assert_donated, assert_same, reference
+from helpers import (
+    assert_donated,
+    assert_intact,
+    assert_same,
+    compile_for,
+    out_of_memory,
+    problem_of,
+    reference,
+)
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executable, _memory, _planner, _postprocess
-
-
-def assert_intact(raw, copies):
-    """The draws are alive and hold what they held before the call."""
-    for x, y in zip(raw, copies):
-        assert not x.is_deleted()
-        np.testing.assert_array_equal(np.asarray(x), y)
+from pymc_chunkpost import _executor, _memory, _planner, _postprocess, _problem
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +55,20 @@ def test_plan_fields_and_budget(wider):
     assert dataclasses.is_dataclass(plan)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.strategy = "vmap"  # type: ignore[misc]
-    assert plan.output_bytes == 4 * 1000 * (5000 + 1) * 8  # mu and sigma; beta passes through
-    assert plan.strategy == "chunked" and plan.loop == "xla"
-    assert plan.n_chunks == -(-4000 // plan.chunk_size)
-    assert plan.budget_bytes == pytest.approx(_memory.free_bytes(jax.devices()[0]), rel=0.2)
-    # Within 10% of the floor: the outputs that cannot reuse the inputs.
-    assert plan.output_bytes <= plan.peak_bytes <= 1.1 * plan.output_bytes
+    floor = 4 * 1000 * (5000 + 1) * 8  # mu and sigma; beta passes through
+    assert plan.output_bytes == floor
+    # Loop-free: XLA fuses this model's temporaries away, and its peak is far below half the
+    # free memory.
+    assert plan.strategy == "vmap" and plan.loop == "none" and plan.source == "rule"
+    free = _memory.free_bytes(jax.devices()[0])
+    assert plan.budget_bytes * plan.n_devices == pytest.approx(free, rel=0.2)  # RAM, once
+    assert plan.peak_bytes <= pc._planner.COMFORT_FRACTION * plan.budget_bytes
+    # A budget that vmap's peak would not fit comfortably: a loop, within 10% of the floor.
+    tight = pc.plan(jax_fn, raw, memory_budget=1.5 * floor)
+    assert tight.strategy == "chunked" and tight.loop == "host"
+    per_device = 4000 // tight.n_devices  # chunks and peaks are per device
+    assert tight.n_chunks == -(-per_device // tight.chunk_size)
+    assert floor <= tight.peak_bytes * tight.n_devices <= 1.1 * floor
 
 
 def test_auto_runs_exactly_the_plan(wide, monkeypatch):
@@ -67,13 +76,13 @@ def test_auto_runs_exactly_the_plan(wide, monkeypatch):
     raw = models.raw_draws(model, 3, 101)
     plan = pc.plan(jax_fn, raw, memory_budget=2**30)
     compiles = []
-    real = _executable.executable
+    real = _executor.compile_executable
 
-    def spy(*args, **kwargs):
-        compiles.append(args[1:3])
-        return real(*args, **kwargs)
+    def spy(jax_fn, problem, strategy, loop, size, *args, **kwargs):
+        compiles.append((strategy, size))
+        return real(jax_fn, problem, strategy, loop, size, *args, **kwargs)
 
-    monkeypatch.setattr(_planner, "executable", spy)
+    monkeypatch.setattr(_planner, "compile_executable", spy)
     outputs, ran = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**30)
     assert (ran.strategy, ran.chunk_size, ran.peak_bytes) == (
         plan.strategy,
@@ -127,8 +136,7 @@ def test_data_every_draw_reads_shrinks_the_chunk(wide, monkeypatch):
     monkeypatch.setattr(_planner, "TARGET_CHUNK_BYTES", 4 * 2**20)  # any machine's L2
     model, jax_fn = wide
     raw = models.raw_draws(model, 4, 500)
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
-    problem = _executable.analyse(jax_fn, specs, jax.devices("cpu")[0])
+    problem = problem_of(jax_fn, raw, jax.devices("cpu")[0])
     assert problem.shared_bytes >= 2000 * 3 * 8
     target, per_item = _planner.TARGET_CHUNK_BYTES, problem.per_item_bytes
 
@@ -166,17 +174,18 @@ class TestOutOfMemoryRetry:
         attempts = []
         real = _postprocess.execute
 
-        def execute(exe, samples, limit=[16]):  # noqa: B006 - the test sets it
+        attempts, limit = [], [16]
+        real = _postprocess.execute
+
+        def execute(exe, samples, tuner=None):
             size = exe.chunk_size or (samples[0].shape[0] * samples[0].shape[1])
             attempts.append((exe.strategy, exe.chunk_size))
             if size > limit[0]:
-                raise jax.errors.JaxRuntimeError(
-                    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB."
-                )
-            return real(exe, samples)
+                raise out_of_memory()
+            return real(exe, samples, tuner)
 
         monkeypatch.setattr(_postprocess, "execute", execute)
-        return attempts, execute.__defaults__[0]
+        return attempts, limit
 
     def test_retry_halves_down_to_success(self, wide, failing):
         attempts, limit = failing
@@ -185,8 +194,9 @@ class TestOutOfMemoryRetry:
         expected = reference(jax_fn, raw)
         with pytest.warns(RuntimeWarning, match="retrying with chunks of 50"):
             outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
-        assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 12)]
-        assert plan.strategy == "chunked" and plan.chunk_size == 12
+        # Halved as the planner halves (`_planner.smaller`): to divisors of the 100 draws.
+        assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 10)]
+        assert plan.strategy == "chunked" and plan.chunk_size == 10
         assert "out of memory" in plan.reason
         assert_same(outputs, expected)
 
@@ -211,12 +221,12 @@ class TestOutOfMemoryRetry:
         monkeypatch.setattr(_postprocess, "xla_may_donate", lambda device: xla_takes_donation)
         real = _postprocess.execute
 
-        def execute(exe, samples):
+        def execute(exe, samples, tuner=None):
             if (exe.chunk_size or samples[0].shape[0] * samples[0].shape[1]) > 16:
                 for i in exe.donated:  # what the GPU runtime did
                     samples[i].delete()
                 raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory (run time)")
-            return real(exe, samples)
+            return real(exe, samples, tuner)
 
         monkeypatch.setattr(_postprocess, "execute", execute)
         model, jax_fn = wide
@@ -228,7 +238,7 @@ class TestOutOfMemoryRetry:
             return
         with pytest.warns(RuntimeWarning, match="The draws are intact"):
             outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
-        assert plan.chunk_size == 12
+        assert plan.chunk_size == 10
         assert_same(outputs, expected)
         assert_donated(jax_fn, raw)  # freed after success, as donation would have
 
@@ -236,7 +246,7 @@ class TestOutOfMemoryRetry:
         """Smaller chunks cannot help when the device has less free than the outputs need
         (on a GPU each failed attempt costs seconds: its autotuner tries every kernel)."""
         attempts, _ = failing
-        monkeypatch.setattr(_postprocess, "free_bytes", lambda device: 1000)
+        monkeypatch.setattr(_planner, "free_bytes", lambda device: 1000)
         model, jax_fn = wide
         raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
         copies = [np.asarray(x).copy() for x in raw]
@@ -257,13 +267,12 @@ class TestOutOfMemoryRetry:
         expected = reference(jax_fn, raw)
         with pytest.warns(RuntimeWarning, match="retrying"):
             outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", True)
-        host = _executable.HOST_CHUNKED
-        assert attempts == [("vmap", None), (host, 20), (host, 10)]
+        assert attempts == [("vmap", None), ("chunked", 20), ("chunked", 10)]
         assert plan.loop == "host" and plan.chunk_size == 10
         assert_same(outputs, expected)
 
     def test_other_runtime_errors_are_not_retried(self, wide, monkeypatch):
-        def execute(exe, samples):
+        def execute(exe, samples, tuner=None):
             raise jax.errors.JaxRuntimeError("INTERNAL: something else")
 
         monkeypatch.setattr(_postprocess, "execute", execute)
@@ -288,16 +297,15 @@ class TestOutOfMemoryWhileCompiling:
     def failing(self, monkeypatch):
         """`executable` fails to compile chunks over `limit[0]` draws (vmap: all draws)."""
         attempts, limit = [], [16]
-        real = _executable.executable
+        real = _executor.compile_executable
 
-        def executable(problem, strategy, chunk_size, *args, **kwargs):
+        def compile_executable(jax_fn, problem, strategy, loop, chunk_size, *args, **kwargs):
             attempts.append((strategy, chunk_size))
             if (chunk_size or problem.n_items) > limit[0]:
                 raise jax.errors.JaxRuntimeError(self.AUTOTUNE_FAILURE)
-            return real(problem, strategy, chunk_size, *args, **kwargs)
+            return real(jax_fn, problem, strategy, loop, chunk_size, *args, **kwargs)
 
-        monkeypatch.setattr(_planner, "executable", executable)
-        monkeypatch.setattr(_postprocess, "executable", executable)
+        monkeypatch.setattr(_planner, "compile_executable", compile_executable)
         return attempts, limit
 
     def test_planner_halves_what_fails_to_compile(self, wide, failing):
@@ -320,8 +328,8 @@ class TestOutOfMemoryWhileCompiling:
         expected = reference(jax_fn, raw)
         with pytest.warns(RuntimeWarning, match="'vmap' at 100 draw"):
             outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
-        assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 12)]
-        assert plan.chunk_size == 12 and "out of memory" in plan.reason
+        assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 10)]
+        assert plan.chunk_size == 10 and "out of memory" in plan.reason
         assert_same(outputs, expected)
 
     def test_failing_at_one_draw_keeps_the_draws(self, wide, failing):
@@ -338,12 +346,12 @@ class TestOutOfMemoryWhileCompiling:
 def test_a_jump_at_one_draw_is_not_a_memory_error(wide, monkeypatch):
     """XLA's temporaries "jump" (over 4x the estimate) at every size here: the planner halves
     down to one draw and runs that, since it fits the budget; no MemoryError."""
-    real = _executable.executable
+    real = _executor.compile_executable
 
-    def executable(*args, **kwargs):
+    def compile_executable(*args, **kwargs):
         return dataclasses.replace(real(*args, **kwargs), temp_bytes=2**30)
 
-    monkeypatch.setattr(_planner, "executable", executable)
+    monkeypatch.setattr(_planner, "compile_executable", compile_executable)
     model, jax_fn = wide
     raw = models.raw_draws(model, 2, 4)
     outputs, plan = _postprocess.run(jax_fn, raw, None, "chunked", memory_budget=2**40)
@@ -396,7 +404,7 @@ def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
 
     # Segments of (almost) no time: one update per chunk (9 chunks, the last overlapping).
     updates.clear()
-    monkeypatch.setattr(_executable, "SEGMENT_SECONDS", 0.0)
+    monkeypatch.setattr(_executor, "SEGMENT_SECONDS", 0.0)
     raw = models.raw_draws(model, 2, 30)
     outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=7, progressbar=True)
     assert [u for u in updates if u] == [7] * 8 + [4], updates
@@ -410,13 +418,13 @@ class TestSegmentsKeepTheDraws:
 
     @pytest.fixture
     def segments(self, monkeypatch):
-        monkeypatch.setattr(_executable, "SEGMENT_SECONDS", 0.0)  # one chunk per segment
+        monkeypatch.setattr(_executor, "SEGMENT_SECONDS", 0.0)  # one chunk per segment
         calls = []
-        real = _executable.executable
+        real = _executor.compile_executable
 
-        def executable(*args, **kwargs):
+        def compile_executable(*args, **kwargs):
             exe = real(*args, **kwargs)
-            if exe.strategy != _executable.HOST_SEGMENTS:
+            if not exe.segments:
                 return exe
 
             def step(outs, samples, lo, hi):
@@ -429,7 +437,7 @@ class TestSegmentsKeepTheDraws:
             return dataclasses.replace(exe, compiled=step)
 
         fail_at = []
-        monkeypatch.setattr(_planner, "executable", executable)
+        monkeypatch.setattr(_planner, "compile_executable", compile_executable)
         return calls, fail_at
 
     def test_donated_draws_are_freed_after_the_last_segment(self, wide, segments):
@@ -475,9 +483,7 @@ def test_many_scalars_stay_out_of_the_loop_compilation_trap():
     raw = models.raw_draws(model, 4, 500)
     plan = pc.plan(jax_fn, raw)
     assert plan.strategy == "vmap", plan.reason
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
-    problem = _executable.analyse(jax_fn, specs, jax.devices()[0])
-    loop_free = _executable.executable(problem, "vmap", None, (), True)  # a fresh compile
+    loop_free = compile_for(jax_fn, raw, "vmap", progress=True)  # a fresh compile
     assert plan.planning_seconds < 5 * loop_free.compile_seconds + 1.0
 
 
@@ -498,10 +504,8 @@ def test_many_variables_that_must_chunk_use_a_host_loop():
     assert plan.strategy == "chunked" and plan.loop == "host", plan
     assert plan.peak_bytes <= budget
     assert_same(outputs, expected)
-    problem = _executable.analyse(
-        jax_fn, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw], jax.devices()[0]
-    )
-    loop_free = _executable.executable(problem, "vmap", None, (), True)
+    problem = problem_of(jax_fn, raw)
+    loop_free = compile_for(jax_fn, raw, "vmap", progress=True)
     assert plan.compile_seconds < 5 * loop_free.compile_seconds + 1.0
     # Donation: the host loop frees the donated (non-pass-through) inputs at the end.
     passed = {k for k in problem.forwarded if k is not None}

@@ -5,39 +5,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import models
+from helpers import assert_donated, assert_same, compile_for, problem_of, reference
 import numpy as np
 import pytest
-from pymc.sampling.jax import _postprocess_samples as pymc_postprocess
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executable
+from pymc_chunkpost import _executor, _problem
 from pymc_chunkpost._postprocess import run
 
 # (chains, draws, chunk_size): 1 chain, 1 draw, a chunk that does not divide chains x draws,
 # and a chunk larger than chains x draws.
 SHAPES = [(2, 37, 5), (1, 1, 3), (3, 4, 100)]
-
-
-def reference(jax_fn, raw):
-    return pymc_postprocess(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
-
-
-def assert_donated(jax_fn, raw):
-    """Every input was freed by donation except those an output passes through."""
-    problem = _executable.analyse(
-        jax_fn, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw], jax.devices()[0]
-    )
-    passed_through = {k for k in problem.forwarded if k is not None}
-    for i, x in enumerate(raw):
-        assert x.is_deleted() == (i not in passed_through), i
-
-
-def assert_same(outputs, expected, rtol=1e-10):
-    assert len(outputs) == len(expected)
-    for got, want in zip(outputs, expected):
-        assert got.shape == want.shape
-        assert got.dtype == want.dtype
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("chains,draws,chunk_size", SHAPES)
@@ -122,16 +100,13 @@ def test_temporaries_grow_with_chunk_not_draws(built, strategy):
     """No swapaxes, pad or concatenate copies: XLA's temporaries do not scale with the
     looped axis (a copy of any whole sample array or output would)."""
     model, jax_fn = built("data_regression")
-    device = jax.devices()[0]
 
     def temp_bytes(scale, chunk_size=7):
         chains, draws = (2, 50 * scale) if LOOPED_AXIS[strategy] == "draws" else (scale, 50)
         raw = models.raw_draws(model, chains, draws)
-        specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
-        problem = _executable.analyse(jax_fn, specs, device)
         size = chunk_size if strategy == "chunked" else None
-        exe = _executable.executable(problem, strategy, size)
-        return exe.temp_bytes, problem.output_bytes
+        exe = compile_for(jax_fn, raw, strategy, size)
+        return exe.temp_bytes, exe.problem.output_bytes
 
     small, _ = temp_bytes(1)  # chunked: 100 items, 14 chunks of 7 and a remainder of 2
     large, outputs_large = temp_bytes(8)  # chunked: 800 items, 114 chunks, remainder 2
@@ -149,9 +124,7 @@ def test_pass_through_outputs_are_the_inputs(built):
     """Untransformed variables are returned as the input arrays: no copy, no work."""
     model, jax_fn = built("structured")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 5)]
-    problem = _executable.analyse(
-        jax_fn, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw], jax.devices()[0]
-    )
+    problem = problem_of(jax_fn, raw)
     passed = [(j, k) for j, k in enumerate(problem.forwarded) if k is not None]
     assert passed, "the model should have an untransformed variable"
     outputs = pc.postprocess_samples(jax_fn, raw, None, "auto")

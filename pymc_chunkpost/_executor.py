@@ -1,0 +1,382 @@
+"""The mechanism: compile what the planner chose, run it, and report what it cost.
+
+This is the one place where the computation is traced, jitted, compiled and donated, for
+every strategy and loop kind, on one device or per shard with `jax.shard_map`. It decides
+nothing: the `Loop`, chunk size and donation come from the planner.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import enum
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec
+
+from ._cache import FunctionCache
+from ._chunked import chunk_start, read_slice, write_slice
+from ._problem import Problem
+from ._progress import on_chunk
+from ._strategies import STRATEGY_TABLE
+
+__all__ = ["Loop", "Executable", "compile_executable", "execute"]
+
+
+class Loop(enum.StrEnum):
+    """How chunks are driven. The one list of loop kinds."""
+
+    #: No loop of ours: every draw at once (`vmap`), or a fixed strategy's own structure.
+    NONE = "none"
+    #: One compiled XLA loop over the chunks.
+    XLA = "xla"
+    #: The host calls one compiled chunk step per chunk (straight-line code: it compiles like
+    #: the loop-free vmap, where XLA's loops over many buffers compile for minutes).
+    HOST = "host"
+
+
+#: With progress, an XLA loop runs in host-dispatched segments: the first runs this fraction
+#: of the chunks, to time them...
+FIRST_SEGMENT_FRACTION = 1 / 64
+#: ...and every later one about this many seconds' worth (tqdm redraws every 0.1 s).
+SEGMENT_SECONDS = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class Executable:
+    """A compiled plan for one problem, with what it cost and what it will use.
+
+    Attributes:
+        strategy: the strategy compiled (a `STRATEGY_TABLE` name).
+        loop: how its chunks are driven.
+        chunk_size: draws per chunk (per shard), or None.
+        compiled: for `Loop.NONE` and an XLA loop without progress, the `jax.stages.Compiled`
+            to call with the samples. For host-driven runs, a step the host calls:
+            `(outputs, samples, start) -> outputs` (`Loop.HOST`: one chunk at item `start`)
+            or `(outputs, samples, first_chunk, end_chunk) -> outputs` (segments of an XLA
+            loop, for progress).
+        donated: the input indices handed to XLA.
+        progress: whether it reports progress.
+        segments: an XLA loop run in host-dispatched segments (progress).
+        trace_seconds: time to trace and lower.
+        compile_seconds: time for XLA to compile.
+        temp_bytes: XLA's temporaries per device (`memory_analysis()`).
+        output_bytes: XLA's output buffers per device.
+        alias_bytes: output bytes written into donated inputs.
+        flops: XLA's cost analysis (a loop body counts once).
+        problem: what it was compiled for.
+        init: for host-driven runs, a compiled `() -> outputs` of zero-filled outputs.
+    """
+
+    strategy: str
+    loop: Loop
+    chunk_size: int | None
+    compiled: Any
+    donated: tuple[int, ...]
+    progress: bool
+    segments: bool
+    trace_seconds: float
+    compile_seconds: float
+    temp_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    flops: float
+    problem: Problem
+    init: Any = None
+
+    @property
+    def host_driven(self) -> bool:
+        return self.loop is Loop.HOST or self.segments
+
+    @property
+    def peak_bytes(self) -> int:
+        """New memory per device at the peak: outputs and temporaries, less aliased inputs."""
+        if self.host_driven:  # the step updates the outputs in place
+            return self.problem.output_bytes // self.problem.n_shards + self.temp_bytes
+        return self.output_bytes + self.temp_bytes - self.alias_bytes
+
+
+_EXECUTABLES = FunctionCache(per_function=16)
+
+
+def compile_executable(
+    jax_fn: Callable,
+    problem: Problem,
+    strategy: str,
+    loop: Loop,
+    chunk_size: int | None,
+    donate: Sequence[int] = (),
+    progress: bool = False,
+) -> Executable:
+    """Compile (or fetch from the cache) `strategy` for `problem`; nothing runs.
+
+    An XLA loop with `progress` compiles to segments that the host dispatches and reports on;
+    a callback inside the loop would cost more (docs/strategies.md).
+    """
+    donate = tuple(donate)
+    loop = Loop(loop)
+    key = (problem, strategy, loop, chunk_size, donate, progress)
+    cached = _EXECUTABLES.get(jax_fn, key)
+    if cached is not None:
+        return cached
+    computed = problem.computed
+    segments = loop is Loop.XLA and progress
+
+    def per_draw(*values):
+        outs = jax_fn(*values)
+        return [outs[j] for j in computed]
+
+    sharding = problem.placement.sharding
+    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
+    n_local = problem.n_local
+    if loop is Loop.HOST or segments:
+        out_specs = [
+            jax.ShapeDtypeStruct(problem.out_specs[j].shape, problem.out_specs[j].dtype)
+            for j in computed
+        ]
+        index = jax.ShapeDtypeStruct((), np.int32)
+        if segments:
+            local_step = _segment_step(per_draw, n_local, chunk_size)
+            args: tuple = (out_specs, specs, index, index)
+        else:
+            local_step = _chunk_step(per_draw, n_local, chunk_size)
+            args = (out_specs, specs, index)
+        step = _per_shard(local_step, problem, n_mapped=2)
+        jitted = jax.jit(step, donate_argnums=0)
+        make_outputs = jax.jit(
+            lambda: [jnp.zeros(s.shape, s.dtype) for s in out_specs],
+            out_shardings=[sharding] * len(out_specs),
+        ).lower()
+    else:
+        strategy_fn = STRATEGY_TABLE[strategy]
+        n_shards = problem.n_shards
+        callback = None
+        if progress:
+            callback = on_chunk if n_shards == 1 else _scaled_progress(n_shards)
+
+        def run(*samples):
+            return strategy_fn(per_draw, list(samples), chunk_size, callback)
+
+        args = tuple(specs)
+        jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)
+        make_outputs = None
+    tic = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jitted.lower(*args)
+    toc = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # XLA compiles without the GIL: the zero outputs of a host-driven run compile on the
+        # side, hidden behind the main compile.
+        init = make_outputs and pool.submit(make_outputs.compile)
+        compiled = lowered.compile()
+        init = init and init.result()
+    compile_seconds = time.perf_counter() - toc
+    memory = compiled.memory_analysis()
+    result = Executable(
+        strategy=strategy,
+        loop=loop,
+        chunk_size=chunk_size,
+        compiled=compiled,
+        donated=donate,
+        progress=progress,
+        segments=segments,
+        trace_seconds=toc - tic,
+        compile_seconds=compile_seconds,
+        temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
+        output_bytes=int(getattr(memory, "output_size_in_bytes", problem.output_bytes)),
+        alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
+        flops=_flops(compiled),
+        problem=problem,
+        init=init,
+    )
+    _EXECUTABLES.put(jax_fn, key, result)
+    return result
+
+
+def _flops(compiled) -> float:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - cost analysis is optional evidence; absent is fine
+        return 0.0
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    return float((cost or {}).get("flops", 0.0))
+
+
+def _scaled_progress(n_shards: int) -> Callable:
+    """Per-shard progress callbacks, counted for all shards (they advance together)."""
+
+    def callback(items_done, n_items):
+        on_chunk(np.asarray(items_done) * n_shards, n_items * n_shards)
+
+    return callback
+
+
+def _per_shard(fn: Callable, problem: Problem, n_mapped: int) -> Callable:
+    """`fn` run on each shard's local arrays with `jax.shard_map`, or `fn` on one device.
+
+    The first `n_mapped` arguments (lists of arrays) are split like the draws; the rest (chunk
+    indices) are the same on every shard. Nothing is gathered: outputs keep the draws' split.
+    """
+    placement = problem.placement
+    if placement.mesh is None:
+        return fn
+    spec = PartitionSpec(*placement.spec)
+
+    def specs_of(args):
+        return tuple(
+            jax.tree.map(lambda _: spec, a) if i < n_mapped else jax.tree.map(lambda _: P0, a)
+            for i, a in enumerate(args)
+        )
+
+    def sharded(*args):
+        in_specs = specs_of(args)
+        out_shape = jax.eval_shape(fn, *_local_shapes(args, problem, n_mapped))
+        out_specs = jax.tree.map(lambda _: spec, out_shape)
+        mapped = _shard_map(fn, placement.mesh, in_specs, out_specs)
+        return mapped(*args)
+
+    return sharded
+
+
+P0 = PartitionSpec()
+
+
+def _local_shapes(args, problem: Problem, n_mapped: int):
+    chains, draws = problem.local_shape
+
+    def local(x):
+        return jax.ShapeDtypeStruct((chains, draws) + tuple(x.shape[2:]), x.dtype)
+
+    return [jax.tree.map(local, a) if i < n_mapped else a for i, a in enumerate(args)]
+
+
+def _shard_map(fn, mesh, in_specs, out_specs):
+    try:  # jax >= 0.7 names the replication check `check_vma`
+        return jax.shard_map(
+            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
+    except TypeError:
+        return jax.shard_map(
+            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False
+        )
+
+
+def _flat(xs, n: int):
+    return [x.reshape((n,) + x.shape[2:]) for x in xs]  # free: a bitcast
+
+
+def _chunk_step(per_draw: Callable, n: int, size: int) -> Callable:
+    """One chunk of `size` draws at item `start` (clamped so it fits): evaluate it and write it
+    into the donated outputs, in place. Straight-line code: it compiles like the loop-free
+    vmap, where XLA's loops over many buffers compile for minutes (docs/strategies.md)."""
+
+    def step(outs, samples, start):
+        flat, flat_outs = _flat(samples, n), _flat(outs, n)
+        start = jnp.minimum(start, n - size)
+        ys = jax.vmap(per_draw)(*[read_slice(x, start, size, 0) for x in flat])
+        flat_outs = [write_slice(o, y, start, 0) for o, y in zip(flat_outs, ys)]
+        return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
+
+    return step
+
+
+def _segment_step(per_draw: Callable, n: int, size: int) -> Callable:
+    """Chunks `[lo, hi)` of the "chunked" XLA loop, written into the donated outputs."""
+
+    def chunk(flat, outs, i):
+        start = chunk_start(i, size, n)
+        ys = jax.vmap(per_draw)(*[read_slice(x, start, size, 0) for x in flat])
+        return [write_slice(o, y, start, 0) for o, y in zip(outs, ys)]
+
+    def step(outs, samples, lo, hi):
+        flat = _flat(samples, n)
+        flat_outs = lax.fori_loop(lo, hi, lambda i, o: chunk(flat, o, i), _flat(outs, n))
+        return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
+
+    return step
+
+
+@dataclasses.dataclass
+class Timing:
+    """What a host-driven run measured: seconds per draw for each chunk size it ran."""
+
+    seconds_per_draw: dict[int, float] = dataclasses.field(default_factory=dict)
+
+
+def execute(
+    exe: Executable,
+    samples: Sequence[jax.Array],
+    tuner: Any = None,
+) -> list[jax.Array]:
+    """Run a compiled plan. Donated buffers that XLA cannot reuse are not worth a warning.
+
+    `tuner`, for `Loop.HOST` only, is the planner's online tuner (see `_planner.Tuner`): the
+    run asks it which compiled step to use for each next chunk and tells it how long each
+    took, so that the first chunks of the real work measure the candidate sizes.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        if exe.segments:
+            return _run_segments(exe, samples)
+        if exe.loop is Loop.HOST:
+            return _run_chunks(exe, samples, tuner)
+        return list(exe.compiled(*samples))
+
+
+def _run_chunks(exe: Executable, samples: Sequence[jax.Array], tuner: Any) -> list[jax.Array]:
+    """Call a chunk step over every draw, from the host; progress after each chunk.
+
+    The samples are read by every call, so no step takes them: the caller deletes donated
+    draws once the whole run has succeeded, and an error on the way leaves them intact.
+    With a tuner, each chunk's step (and so its size) is the tuner's choice, and the chunk
+    is timed; chunks of any sizes tile the draws, the last one overlapping the one before.
+    """
+    problem = exe.problem
+    n, n_shards = problem.n_local, problem.n_shards
+    outs = list(exe.init())
+    samples = list(samples)
+    start = 0
+    while start < n:
+        step = exe if tuner is None else tuner.next_step(start)
+        size = step.chunk_size
+        tic = time.perf_counter()
+        outs = step.compiled(outs, samples, np.int32(start))
+        if tuner is not None and tuner.timing:
+            jax.block_until_ready(outs)
+            tuner.record(step, time.perf_counter() - tic)
+        start += size
+        if exe.progress:  # report work done, not work dispatched
+            jax.block_until_ready(outs)
+            on_chunk(min(start, n) * n_shards, n * n_shards)
+    return outs
+
+
+def _run_segments(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.Array]:
+    """Run an XLA loop in segments: a small timed one first, then about `SEGMENT_SECONDS`
+    each, so that a short run takes two or three calls and a long one redraws the bar often
+    enough, and neither pays for more dispatches."""
+    problem, size = exe.problem, exe.chunk_size
+    n, n_shards = problem.n_local, problem.n_shards
+    n_chunks = -(-n // size)
+    outs = list(exe.init())
+    per_call = max(1, int(n_chunks * FIRST_SEGMENT_FRACTION))
+    samples = list(samples)
+    lo, tic = 0, time.perf_counter()
+    while lo < n_chunks:
+        hi = min(lo + per_call, n_chunks)
+        outs = exe.compiled(outs, samples, np.int32(lo), np.int32(hi))
+        jax.block_until_ready(outs)
+        on_chunk(min(hi * size, n) * n_shards, n * n_shards)
+        rate = hi / max(time.perf_counter() - tic, 1e-9)  # chunks per second
+        per_call = max(1, int(rate * SEGMENT_SECONDS))
+        lo = hi
+    return outs

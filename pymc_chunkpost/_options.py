@@ -1,0 +1,96 @@
+"""Every check of the caller's options, made before any work.
+
+This module reads nothing but the values it is given (and the strategy table), so that
+`patch` can check a sampling call's options before sampling, and `postprocess_samples`
+before it touches the draws.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._chunked import check_chunking
+from ._strategies import STRATEGIES
+
+__all__ = ["CHUNK_STRATEGIES", "OUTPUT_MEMORY", "check_budget_value", "check_options"]
+
+#: The strategies that take `chunk_size`/`n_chunks`.
+CHUNK_STRATEGIES: tuple[str, ...] = ("chunked", "auto")
+#: Where the outputs may live: "device" (the draws' device), "host" (host memory, each chunk
+#: copied there as it is computed), or "auto" (the planner's choice).
+OUTPUT_MEMORY: tuple[str, ...] = ("auto", "device", "host")
+
+_DEFAULT_NAMES = {
+    "strategy": "postprocessing_vectorize",
+    "chunk_size": "chunk_size",
+    "n_chunks": "n_chunks",
+    "memory_budget": "memory_budget",
+    "output_memory": "output_memory",
+}
+
+
+def check_budget_value(memory_budget: Any, name: str = "memory_budget") -> None:
+    """Raise `ValueError` unless `memory_budget` is None or a positive number of bytes."""
+    if memory_budget is None:
+        return
+    if (
+        isinstance(memory_budget, bool)
+        or not isinstance(memory_budget, int | float)
+        or not memory_budget > 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number of bytes, got {memory_budget!r}. "
+            "Pass None to use the device's free memory."
+        )
+
+
+def check_options(
+    strategy: Any,
+    chunk_size: Any = None,
+    n_chunks: Any = None,
+    memory_budget: Any = None,
+    output_memory: Any = "auto",
+    names: dict[str, str] | None = None,
+) -> None:
+    """The checks on the options alone, before any work.
+
+    Args:
+        strategy: `postprocessing_vectorize`.
+        chunk_size: the chunk size option.
+        n_chunks: the number-of-chunks option.
+        memory_budget: the memory budget option.
+        output_memory: where the outputs go.
+        names: what the caller calls each option, for the messages (pymc's sampler calls
+            them `postprocessing_chunk_size`, ...), keyed by the names above.
+
+    Raises:
+        ValueError: naming the option, the value, and what to pass instead.
+    """
+    names = _DEFAULT_NAMES | (names or {})
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown `{names['strategy']}={strategy!r}`. Valid strategies: "
+            f"{', '.join(STRATEGIES)}."
+        )
+    chunk_names = (names["chunk_size"], names["n_chunks"])
+    check_chunking(chunk_size, n_chunks, chunk_names, "to let the planner choose")
+    if strategy not in CHUNK_STRATEGIES and (chunk_size is not None or n_chunks is not None):
+        raise ValueError(
+            f"`{chunk_names[0]}`/`{chunk_names[1]}` apply to the strategies "
+            f"{CHUNK_STRATEGIES}, not to {strategy!r}. Pass "
+            f"`{names['strategy']}='chunked'` to set the chunk size."
+        )
+    check_budget_value(memory_budget, names["memory_budget"])
+    if not isinstance(output_memory, str) or output_memory not in OUTPUT_MEMORY:
+        raise ValueError(
+            f"`{names['output_memory']}` must be one of {OUTPUT_MEMORY}, got "
+            f"{output_memory!r}. Pass 'host' to land the outputs in host memory chunk by "
+            "chunk (for outputs larger than the accelerator), or 'auto' to let the planner "
+            "choose."
+        )
+    if output_memory == "host" and strategy not in CHUNK_STRATEGIES:
+        raise ValueError(
+            f"`{names['output_memory']}='host'` streams the outputs to host memory chunk by "
+            f"chunk, so it applies to the strategies {CHUNK_STRATEGIES}, not to {strategy!r}. "
+            f"Pass `{names['strategy']}='chunked'` or 'auto'."
+        )

@@ -1,0 +1,303 @@
+"""What one post-processing call is: shapes, outputs, the data it reads, where the draws are.
+
+`analyse` traces the per-draw function once per function and shapes (cached weakly on the
+function). `locate` reads where the draws live: one device, or a mesh on the chain/draw axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from ._cache import FunctionCache
+
+__all__ = ["Problem", "Placement", "analyse", "locate", "is_out_of_memory", "nbytes"]
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether an XLA error is the device running out of memory.
+
+    At run time XLA raises RESOURCE_EXHAUSTED. On a GPU it can also fail while *compiling*:
+    its autotuner runs candidate kernels on buffers of the real sizes, and when none can be
+    allocated it raises "NOT_FOUND: All configs failed during profiling", listing the
+    RESOURCE_EXHAUSTED failures (docs/memory.md).
+    """
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+
+def nbytes(spec: jax.ShapeDtypeStruct) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the draws are, and so where the work runs.
+
+    Attributes:
+        device: the first device (its platform and memory statistics stand for all).
+        mesh: the mesh the draws are split over, or None for one device.
+        spec: the mesh axes of the chain and draw axes, e.g. `("chain", None)`; the trailing
+            axes of every array are whole on each device.
+        reason: how the placement came about, for the `Plan`.
+    """
+
+    device: jax.Device
+    mesh: Mesh | None = None
+    spec: tuple[str | tuple[str, ...] | None, ...] = (None, None)
+    reason: str = "one device"
+
+    @property
+    def sharding(self) -> jax.sharding.Sharding:
+        if self.mesh is None:
+            return SingleDeviceSharding(self.device)
+        return NamedSharding(self.mesh, PartitionSpec(*self.spec))
+
+    def splits(self) -> tuple[int, int]:
+        """How many pieces the chain and draw axes are cut into."""
+        if self.mesh is None:
+            return 1, 1
+        sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
+        out = []
+        for entry in self.spec[:2]:
+            names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+            out.append(int(np.prod([sizes[a] for a in names], dtype=np.int64)))
+        return out[0], out[1]
+
+    @property
+    def n_shards(self) -> int:
+        a, b = self.splits()
+        return a * b
+
+    @property
+    def n_devices(self) -> int:
+        return 1 if self.mesh is None else self.mesh.devices.size
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The shapes of one post-processing call: what the planner and the caches key on.
+
+    Attributes:
+        in_specs: the raw samples' global shapes and dtypes, `(chains, draws, ...)` each.
+        placement: where the draws are and the work runs.
+        out_specs: every output's global shape and dtype.
+        forwarded: for each output, the index of the input it merely passes through (an
+            untransformed variable), or None. Such outputs are the input arrays themselves.
+        intermediate_bytes: per draw, a first bound on the temporaries, read from the jaxpr
+            (results of dots, decompositions, gathers, ...). Compiled numbers overrule it.
+        shared_bytes: bytes of the constants that every draw reads (the model's data).
+        fingerprint: a stable text key of the per-draw function (its jaxpr), for the
+            on-disk tuning cache.
+    """
+
+    in_specs: tuple[jax.ShapeDtypeStruct, ...]
+    placement: Placement
+    out_specs: tuple[jax.ShapeDtypeStruct, ...]
+    forwarded: tuple[int | None, ...]
+    intermediate_bytes: int = 0
+    shared_bytes: int = 0
+    fingerprint: str = dataclasses.field(default="", compare=False, repr=False)
+
+    @property
+    def device(self) -> jax.Device:
+        return self.placement.device
+
+    @property
+    def chains(self) -> int:
+        return self.in_specs[0].shape[0]
+
+    @property
+    def draws(self) -> int:
+        return self.in_specs[0].shape[1]
+
+    @property
+    def n_items(self) -> int:
+        """Draws in all (chains x draws)."""
+        return self.chains * self.draws
+
+    @property
+    def local_shape(self) -> tuple[int, int]:
+        """(chains, draws) of one shard."""
+        a, b = self.placement.splits()
+        return self.chains // a, self.draws // b
+
+    @property
+    def n_local(self) -> int:
+        """Draws per shard: what one device's loop runs over."""
+        chains, draws = self.local_shape
+        return chains * draws
+
+    @property
+    def n_shards(self) -> int:
+        return self.placement.n_shards
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(nbytes(s) for s in self.in_specs)
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of the outputs that must be newly allocated (not passed-through inputs)."""
+        return sum(nbytes(s) for s, k in zip(self.out_specs, self.forwarded) if k is None)
+
+    @property
+    def computed(self) -> tuple[int, ...]:
+        """Indices of the outputs that are computed (not passed through)."""
+        return tuple(j for j, k in enumerate(self.forwarded) if k is None)
+
+    @property
+    def n_buffers(self) -> int:
+        """Arrays a loop body slices or updates: the inputs and the computed outputs."""
+        return len(self.in_specs) + len(self.computed)
+
+    @property
+    def per_item_bytes(self) -> int:
+        """Input plus computed-output bytes of one draw."""
+        return (self.input_bytes + self.output_bytes) // max(self.n_items, 1)
+
+    def with_placement(self, placement: Placement) -> Problem:
+        return dataclasses.replace(self, placement=placement)
+
+
+_ANALYSES = FunctionCache(per_function=8)
+
+
+def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placement) -> Problem:
+    """Trace `jax_fn` once on one draw's shapes: output shapes and passed-through inputs.
+
+    `placement` may be a `Placement` or a device.
+    """
+    if not isinstance(placement, Placement):
+        placement = Placement(placement)
+    in_specs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in in_specs)
+    key = (in_specs, placement)
+    cached = _ANALYSES.get(jax_fn, key)
+    if cached is not None:
+        return cached
+    lead = in_specs[0].shape[:2]
+    per_draw = [jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs]
+    closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
+    invars = list(closed.jaxpr.invars)
+    forwarded = tuple(
+        invars.index(v) if any(v is w for w in invars) else None for v in closed.jaxpr.outvars
+    )
+    out_specs = tuple(
+        jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in closed.out_avals
+    )
+    shared = sum(int(getattr(c, "nbytes", 0)) for c in closed.consts)
+    consts = ";".join(f"{np.shape(c)}{getattr(c, 'dtype', '')}" for c in closed.consts)
+    problem = Problem(
+        in_specs,
+        placement,
+        out_specs,
+        forwarded,
+        _intermediate_bytes(closed.jaxpr),
+        shared,
+        fingerprint=f"{closed.jaxpr}|{consts}",
+    )
+    _ANALYSES.put(jax_fn, key, problem)
+    return problem
+
+
+# Primitives whose results XLA's fusion passes generally cannot keep out of memory. A first
+# bound only: XLA often fuses gathers and transposes, and the compiled analysis overrules it.
+_MATERIALISING = frozenset(
+    {
+        "dot_general",
+        "cholesky",
+        "triangular_solve",
+        "lu",
+        "qr",
+        "eigh",
+        "eig",
+        "svd",
+        "householder_product",
+        "schur",
+        "gather",
+        "scatter",
+        "scatter-add",
+        "scatter_add",
+        "sort",
+        "cumsum",
+        "cumprod",
+        "cummax",
+        "cummin",
+        "cumlogsumexp",
+        "fft",
+        "conv_general_dilated",
+        "transpose",
+        "argsort",
+        "top_k",
+    }
+)
+
+
+def _intermediate_bytes(jaxpr) -> int:
+    """Bytes of materialising intermediates, nested jaxprs included."""
+    outvars = {id(v) for v in jaxpr.outvars}
+    total = 0
+    for eqn in jaxpr.eqns:
+        nested = [v for v in eqn.params.values() if hasattr(v, "jaxpr") or hasattr(v, "eqns")]
+        for sub in nested:
+            total += _intermediate_bytes(getattr(sub, "jaxpr", sub))
+        if eqn.primitive.name in _MATERIALISING or nested:
+            for v in eqn.outvars:
+                if id(v) not in outvars and hasattr(v.aval, "shape"):
+                    total += int(np.prod(v.aval.shape, dtype=np.int64)) * v.aval.dtype.itemsize
+    return total
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def locate(samples: Sequence, device: jax.Device | None) -> Placement:
+    """Where the draws are: the mesh they are split over on the chain/draw axes, or a device.
+
+    Draws that are `jax.Array`s sharded over several devices on their chain and/or draw axes
+    (a `NamedSharding` whose spec leaves the trailing axes whole, the same for every array)
+    stay where they are. Everything else runs on one device: `device` (from
+    `postprocessing_backend`), or the draws' own device, or JAX's default device. A requested
+    backend whose platform differs from the draws' moves them there.
+    """
+    shardings = [x.sharding for x in samples if isinstance(x, jax.Array)]
+    first = shardings[0] if len(shardings) == len(samples) else None
+    if first is not None and len(first.device_set) > 1:
+        spec = _leading_spec(first)
+        same = spec is not None and all(
+            isinstance(s, NamedSharding) and s.mesh == first.mesh and _leading_spec(s) == spec
+            for s in shardings
+        )
+        devices = list(first.mesh.devices.flat) if same else []
+        if same and (device is None or device.platform == devices[0].platform):
+            placement = Placement(
+                devices[0], first.mesh, spec, "the draws' own sharding over "
+                f"{len(devices)} devices"
+            )
+            if placement.n_shards > 1:
+                return placement
+    if device is not None:
+        return Placement(device)
+    if first is not None and len(first.device_set) == 1:
+        return Placement(next(iter(first.device_set)))
+    return Placement(jax.devices()[0])
+
+
+def _leading_spec(sharding) -> tuple | None:
+    """The mesh axes of the chain and draw axes, if only those are split; else None."""
+    if not isinstance(sharding, NamedSharding):
+        return None
+    spec = tuple(sharding.spec) + (None,) * 2
+    if any(entry is not None for entry in spec[2:]):
+        return None
+    return spec[:2]

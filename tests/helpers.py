@@ -1,0 +1,55 @@
+"""Helpers shared by the test modules: the trusted reference and the checks against it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from pymc.sampling.jax import _postprocess_samples as pymc_postprocess
+
+from pymc_chunkpost import _executor, _problem
+
+
+def reference(jax_fn, raw):
+    """pymc's own post-processing ("vmap") of `raw`: the trusted reference."""
+    return pymc_postprocess(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
+
+
+def assert_same(outputs, expected, rtol=1e-10):
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected):
+        assert got.shape == want.shape
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=0)
+
+
+def problem_of(jax_fn, raw, device=None):
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
+    return _problem.analyse(jax_fn, specs, device or jax.devices()[0])
+
+
+def compile_for(jax_fn, raw, strategy, size=None, loop=None, donate=(), progress=False):
+    """A fresh or cached executable of `strategy` for `raw`'s shapes on the default device."""
+    if loop is None:
+        loop = _executor.Loop.NONE if size is None else _executor.Loop.XLA
+    problem = problem_of(jax_fn, raw)
+    return _executor.compile_executable(jax_fn, problem, strategy, loop, size, donate, progress)
+
+
+def assert_donated(jax_fn, raw):
+    """Every input was freed by donation except those an output passes through."""
+    passed_through = {k for k in problem_of(jax_fn, raw).forwarded if k is not None}
+    for i, x in enumerate(raw):
+        assert x.is_deleted() == (i not in passed_through), i
+
+
+def assert_intact(raw, copies):
+    """The draws are alive and hold what they held before the call."""
+    for x, y in zip(raw, copies):
+        assert not x.is_deleted()
+        np.testing.assert_array_equal(np.asarray(x), y)
+
+
+def out_of_memory(what="Out of memory while trying to allocate 1.00GiB."):
+    """The error XLA raises when a device runs out of memory."""
+    return jax.errors.JaxRuntimeError(f"RESOURCE_EXHAUSTED: {what}")
