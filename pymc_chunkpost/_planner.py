@@ -72,11 +72,17 @@ JUMP_FACTOR = 4
 #: The online tuner tries other chunk sizes only when at least this much work is left after
 #: the first chunks: below it, the compiles cannot pay for themselves.
 TUNE_MIN_SECONDS = 1.0
-#: Chunks timed per candidate size (after one untimed warm-up chunk of each).
+#: Each candidate size is timed over at least this many chunks and this many seconds (after
+#: one untimed warm-up chunk of each): shorter windows are lost in the noise of a busy machine.
 TUNE_CHUNKS = 2
-#: Spread single-device draws over local CPU devices only when the outputs and temporaries
+TUNE_WINDOW_SECONDS = 0.05
+#: Spread single-device draws over local accelerators only when the outputs and temporaries
 #: of the whole run come to at least this much work.
 SPREAD_MIN_BYTES = 64 * 2**20
+#: Platforms whose single-device draws `auto` spreads over the other local devices. Not the
+#: CPU: XLA already runs one device's work on every core, and splitting it over host
+#: devices measured slower on the zoo (docs/strategies.md).
+SPREAD_PLATFORMS = ("gpu", "cuda", "rocm", "tpu")
 
 
 def cache_bytes() -> int:
@@ -212,17 +218,18 @@ def warn(message: str) -> None:
 def spread(problem: Problem) -> Problem:
     """The problem on the devices it should run on.
 
-    Draws already split over several devices stay there. Draws on one CPU device are
-    spread over local CPU devices, one per core at most (pymc forces 100 host devices: they
-    must not become 100 shards on 2 cores), when the run is large enough to repay it, along
-    the chain axis (or else the draw axis) when the device count divides it: no padded copy.
+    Draws already split over several devices stay there. Draws on one device of a platform
+    in `SPREAD_PLATFORMS` are spread over the local devices of that platform when the run is
+    large enough to repay it, along the chain axis (or else the draw axis) when the device
+    count divides it: no padded copy. On a CPU (when enabled) it would be one device per core
+    at most: pymc forces 100 host devices, which must not become 100 shards on 2 cores.
     """
     placement = problem.placement
     device = placement.device
-    if placement.mesh is not None or device.platform != "cpu":
+    if placement.mesh is not None or device.platform not in SPREAD_PLATFORMS:
         return problem
-    local = [d for d in jax.local_devices(backend="cpu")]
-    count = min(cpu_cores(), len(local))
+    local = [d for d in jax.local_devices() if d.platform == device.platform]
+    count = len(local) if device.platform != "cpu" else min(cpu_cores(), len(local))
     work = problem.output_bytes + problem.n_items * problem.intermediate_bytes
     if count < 2 or work < SPREAD_MIN_BYTES:
         return problem
@@ -233,7 +240,7 @@ def spread(problem: Problem) -> Problem:
                 mesh = Mesh(np.array(devices), ("spread",))
                 spec = ("spread", None) if axis == 0 else (None, "spread")
                 reason = (
-                    f"spread over {d} CPU devices (one per core) on the "
+                    f"spread over {d} {device.platform} devices on the "
                     f"{'chain' if axis == 0 else 'draw'} axis: {_mib(work)} of work"
                 )
                 return problem.with_placement(Placement(device, mesh, spec, reason))
@@ -533,7 +540,7 @@ class Tuner:
         self._problem = exe.problem
         size = int(exe.chunk_size or 1)
         self.steps: dict[int, Executable] = {size: exe}
-        self._times: dict[int, list[float]] = {}
+        self._times: dict[int, list[float]] = {}  # seconds of each timed chunk, per size
         self._warm: set[int] = set()
         self._current = exe
         self.best = size
@@ -546,7 +553,12 @@ class Tuner:
 
     @property
     def seconds_per_draw(self) -> dict[int, float]:
-        return {size: min(ts) / size for size, ts in self._times.items() if ts}
+        """The median chunk's seconds per draw, for each size timed over a full window."""
+        return {
+            size: float(np.median(ts)) / size
+            for size, ts in self._times.items()
+            if len(ts) >= TUNE_CHUNKS and sum(ts) >= TUNE_WINDOW_SECONDS
+        }
 
     @property
     def measured(self) -> bool:
@@ -572,11 +584,14 @@ class Tuner:
             self._warm.add(size)
             return
         times = self._times.setdefault(size, [])
+        complete = size in self.seconds_per_draw
         times.append(seconds)
-        if len(times) == TUNE_CHUNKS and self._pending is None and self.timing:
+        if not complete and size in self.seconds_per_draw and self.timing:
             self._decide()
 
     def _decide(self) -> None:
+        if self._pending is not None:
+            return
         rates = self.seconds_per_draw
         best = min(rates, key=rates.__getitem__)
         self.best = best
