@@ -29,9 +29,7 @@ class FunctionCache:
     def __init__(self, per_function: int, strong_functions: int = 4):
         self.per_function = per_function
         self.strong_functions = strong_functions
-        self._weak: weakref.WeakKeyDictionary[Callable, OrderedDict] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._weak: weakref.WeakKeyDictionary[Callable, OrderedDict] = weakref.WeakKeyDictionary()
         self._strong: OrderedDict[Callable, OrderedDict] = OrderedDict()
         _ALL.append(self)
 

@@ -261,13 +261,9 @@ def _local_shapes(args, problem: Problem, n_mapped: int):
 
 def _shard_map(fn, mesh, in_specs, out_specs):
     try:  # jax >= 0.7 names the replication check `check_vma`
-        return jax.shard_map(
-            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
-        )
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
     except TypeError:
-        return jax.shard_map(
-            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False
-        )
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
 def _flat(xs, n: int):

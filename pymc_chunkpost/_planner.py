@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -199,9 +200,8 @@ def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
 
 
 def _user_stacklevel() -> int:
-    """The `stacklevel` that points a warning at the first frame outside this package."""
-    import sys
-
+    """The `stacklevel`, for a `warnings.warn` made by the caller of this function, that
+    points at the first frame outside this package and pymc (the user's own call)."""
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith(
         ("pymc_chunkpost", "pymc.", "pytensor", "contextlib")
@@ -212,7 +212,7 @@ def _user_stacklevel() -> int:
 
 def warn(message: str) -> None:
     """A `RuntimeWarning` pointed at the user's own call."""
-    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel() + 1)
+    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
 
 
 def spread(problem: Problem) -> Problem:
@@ -535,6 +535,9 @@ class Tuner:
     it runs. Every chunk writes its real outputs, so tuning computes nothing twice.
     """
 
+    #: Compile candidates on the calling thread (tests: the next chunk then always has it).
+    synchronous = False
+
     def __init__(self, jax_fn, exe: Executable, limit: float, donate, key: str):
         self._jax_fn, self._limit, self._donate, self._key = jax_fn, limit, tuple(donate), key
         self._problem = exe.problem
@@ -610,6 +613,10 @@ class Tuner:
             return self._finish()
         self._current = self.steps[best]  # the fastest so far runs while the next compiles
         self._tried.append(target)
+        if self.synchronous:
+            self._pending = concurrent.futures.Future()
+            self._pending.set_result(self._compile(target))
+            return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1)
         self._pending = self._pool.submit(self._compile, target)
@@ -645,7 +652,9 @@ class Tuner:
             else "the compiled-analysis rule; the run was too short to tune"
         )
         entry = {"loop": Loop.HOST.value, "chunk_size": self.best, "why": why}
-        _tuning.store(self._key, entry | {"seconds_per_draw": {str(k): v for k, v in rates.items()}})
+        _tuning.store(
+            self._key, entry | {"seconds_per_draw": {str(k): v for k, v in rates.items()}}
+        )
 
 
 def finished(attempt: Attempt) -> Plan:

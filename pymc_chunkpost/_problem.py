@@ -281,8 +281,7 @@ def locate(samples: Sequence, device: jax.Device | None) -> Placement:
         devices = list(first.mesh.devices.flat) if same else []
         if same and (device is None or device.platform == devices[0].platform):
             placement = Placement(
-                devices[0], first.mesh, spec, "the draws' own sharding over "
-                f"{len(devices)} devices"
+                devices[0], first.mesh, spec, f"the draws' own sharding over {len(devices)} devices"
             )
             if placement.n_shards > 1:
                 return placement

@@ -510,3 +510,61 @@ def test_many_variables_that_must_chunk_use_a_host_loop():
     # Donation: the host loop frees the donated (non-pass-through) inputs at the end.
     passed = {k for k in problem.forwarded if k is not None}
     assert all(x.is_deleted() == (i not in passed) for i, x in enumerate(raw))
+
+
+class TestWarningsPointAtTheCaller:
+    """Warnings name the user's own line, through every public route."""
+
+    def test_retry_warning(self, wide, monkeypatch):
+        real = _postprocess.execute
+
+        def execute(exe, samples, tuner=None):
+            if exe.chunk_size is None:
+                raise out_of_memory()
+            return real(exe, samples, tuner)
+
+        monkeypatch.setattr(_postprocess, "execute", execute)
+        model, jax_fn = wide
+        with pytest.warns(RuntimeWarning, match="retrying") as caught:
+            pc.postprocess_samples(jax_fn, models.raw_draws(model, 2, 8), None, "vmap")
+        assert [w.filename for w in caught] == [__file__]
+
+    def test_unknown_pool_warning(self, wide, monkeypatch):
+        monkeypatch.setattr(_planner, "free_bytes", lambda device: None)
+        model, jax_fn = wide
+        raw = models.raw_draws(model, 2, 8)
+        with pytest.warns(RuntimeWarning, match="free memory is unknown") as caught:
+            pc.postprocess_samples(jax_fn, raw, None, "auto")
+        with pytest.warns(RuntimeWarning, match="free memory is unknown") as planned:
+            pc.plan(jax_fn, raw)
+        assert {w.filename for w in [*caught, *planned]} == {__file__}
+
+    def test_through_patched_pymc(self, monkeypatch):
+        monkeypatch.setattr(_planner, "free_bytes", lambda device: None)
+        with pm.Model() as model:
+            mu = pm.Normal("mu")
+            pm.Normal("y", mu, 1.0, observed=np.zeros(3))
+        with pc.patched(), model, pytest.warns(RuntimeWarning, match="unknown") as caught:
+            pm.sample(
+                draws=5, tune=5, chains=1, nuts_sampler="numpyro", progressbar=False,
+                compute_convergence_checks=False,
+            )  # fmt: skip
+        assert {w.filename for w in caught if "unknown" in str(w.message)} == {__file__}
+
+
+def test_a_fixed_strategy_over_an_explicit_budget_is_refused_before_work(wide):
+    """`memory_budget` covers outputs and temporaries for every strategy: a fixed strategy
+    whose compiled peak exceeds it raises before anything runs, and a plan never reports a
+    peak over its budget."""
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+    copies = [np.asarray(x).copy() for x in raw]
+    exe = compile_for(jax_fn, raw, "vmap")
+    floor = exe.problem.output_bytes
+    assert floor < exe.peak_bytes  # vmap needs temporaries beyond its outputs
+    with pytest.raises(MemoryError, match="'vmap' needs .* over the memory budget"):
+        pc.postprocess_samples(jax_fn, raw, None, "vmap", True, memory_budget=floor)
+    assert_intact(raw, copies)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", memory_budget=exe.peak_bytes)
+    assert plan.peak_bytes <= plan.budget_bytes
+    assert_same(outputs, reference(jax_fn, raw))

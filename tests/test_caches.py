@@ -1,0 +1,64 @@
+"""In-memory caches let go of models nobody references, and `clear_caches` empties them."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import models
+import pytest
+
+import pymc_chunkpost as pc
+from pymc_chunkpost import _executor, _problem
+
+
+@pytest.mark.parametrize(
+    "strategy, options",
+    [("auto", {}), ("chunked", {"chunk_size": 3}), ("vmap", {}), ("scan", {})],
+)
+def test_a_model_nobody_references_is_freed(strategy, options):
+    """The caches key weakly on `jax_fn`, which closes over the model's data: once the caller
+    drops it, its analysis and compiled executables go too."""
+    model = models.data_regression(n_obs=500)
+    jax_fn = models.jax_fn(model)
+    pc.postprocess_samples(jax_fn, models.raw_draws(model, 2, 20), None, strategy, **options)
+    assert _executor._EXECUTABLES.get(jax_fn, None) is None  # keyed on more than the function
+    assert len(_executor._EXECUTABLES) > 0 and len(_problem._ANALYSES) > 0
+    ref = weakref.ref(jax_fn)
+    del model, jax_fn
+    gc.collect()
+    assert ref() is None
+
+
+def test_clear_caches():
+    model = models.data_regression(n_obs=500)
+    jax_fn = models.jax_fn(model)
+    pc.postprocess_samples(jax_fn, models.raw_draws(model, 2, 20), None, "auto")
+    assert len(_executor._EXECUTABLES) > 0
+    pc.clear_caches()
+    assert len(_executor._EXECUTABLES) == 0 and len(_problem._ANALYSES) == 0
+
+
+def test_a_function_that_cannot_be_weakly_referenced_is_still_cached():
+    model = models.data_regression(n_obs=500)
+    inner = models.jax_fn(model)
+
+    class Slotted:
+        __slots__ = ("fn",)
+
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, *xs):
+            return self.fn(*xs)
+
+        def __hash__(self):
+            return id(self)
+
+    jax_fn = Slotted(inner)
+    raw = models.raw_draws(model, 2, 20)
+    pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=3)
+    calls = []
+    jax_fn.fn = lambda *xs: calls.append(1) or inner(*xs)
+    pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=3)
+    assert not calls  # the second call traced nothing: cached strongly, in a small LRU

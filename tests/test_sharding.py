@@ -1,0 +1,137 @@
+"""Draws split over several devices stay there: every strategy runs per shard.
+
+pymc forces 100 host devices at import (`--xla_force_host_platform_device_count=100`), so the
+test process has several CPU devices, as `pm.sample`'s parallel chains have.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import models
+import numpy as np
+import pytest
+from helpers import assert_same, reference
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import pymc_chunkpost as pc
+from pymc_chunkpost import _planner, _postprocess
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
+
+
+def _mesh(n, name="chain"):
+    return Mesh(np.array(jax.devices()[:n]), (name,))
+
+
+def _sharded(raw, spec, n=4):
+    sharding = NamedSharding(_mesh(n, "d"), spec)
+    return [jax.device_put(jnp.asarray(x), sharding) for x in raw]
+
+
+SPECS = {"chains": PartitionSpec("d"), "draws": PartitionSpec(None, "d")}
+
+
+@pytest.mark.parametrize("axis", sorted(SPECS))
+@pytest.mark.parametrize(
+    "strategy, options",
+    [
+        ("auto", {}),
+        ("chunked", {"chunk_size": 7}),
+        ("chunked", {"chunk_size": 7, "progressbar": True}),
+        ("auto", {"chunk_size": 5}),
+        ("vmap", {}),
+        ("scan", {}),
+        ("scan_vmap", {}),
+        ("nested_scan", {}),
+    ],
+)
+def test_every_strategy_keeps_the_split(built, axis, strategy, options):
+    model, jax_fn = built("structured")
+    raw = _sharded(models.raw_draws(model, 4, 40), SPECS[axis])
+    expected = reference(jax_fn, raw)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, strategy, **options)
+    assert_same(outputs, expected)
+    assert plan.n_devices == 4 and "sharding over 4 devices" in plan.devices_reason
+    for out, want in zip(outputs, expected):
+        assert out.sharding.is_equivalent_to(raw[0].sharding, out.ndim)
+        assert want.sharding.is_equivalent_to(raw[0].sharding, want.ndim)  # as pymc's
+
+
+def test_per_device_plan_and_nothing_gathered(built):
+    """Chunk sizes, peaks and the budget are per device: each device holds its share of the
+    outputs plus one chunk, within 10% of its share of the floor."""
+    model, jax_fn = built("data_regression")
+    raw = _sharded(models.raw_draws(model, 4, 500), SPECS["chains"])
+    floor = sum(
+        int(np.prod(o.shape)) * o.dtype.itemsize for o in reference(jax_fn, raw)[1:]
+    )  # the first output passes an input through
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "chunked", chunk_size=25, memory_budget=4 * floor
+    )
+    assert plan.n_chunks == 500 // 25  # one chain of 500 draws per device
+    assert plan.budget_bytes == floor  # 4 x floor over 4 devices sharing one RAM
+    assert plan.peak_bytes <= 1.10 * floor / 4
+    for out in outputs:
+        shards = out.addressable_shards
+        assert len(shards) == 4 and all(s.data.shape[0] == 1 for s in shards)
+
+
+def test_donated_sharded_draws_are_freed(built):
+    model, jax_fn = built("structured")
+    raw = _sharded(models.raw_draws(model, 4, 20), SPECS["chains"])
+    expected = reference(jax_fn, raw)
+    outputs = pc.postprocess_samples(jax_fn, raw, None, "auto", True)
+    assert_same(outputs, expected)
+    assert any(x.is_deleted() for x in raw)
+
+
+def test_other_splits_are_gathered_to_one_device(built):
+    """A split of a trailing axis is not the chain/draw split: one device, still correct."""
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 8)]
+    expected = reference(jax_fn, raw)
+    mesh = _mesh(2, "d")
+    odd = [
+        jax.device_put(x, NamedSharding(mesh, PartitionSpec(None, None, "d")))
+        if x.ndim == 3 and x.shape[2] % 2 == 0
+        else jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+        for x in raw
+    ]
+    outputs, plan = _postprocess.run(jax_fn, odd, None, "auto")
+    assert plan.n_devices == 1
+    assert_same(outputs, expected)
+
+
+def test_a_backend_on_another_platform_moves_the_draws(built, monkeypatch):
+    """`postprocessing_backend` still moves the work when asked: draws on "cpu" devices asked
+    for "cpu" stay split; the one-device rule applies to a backend of another platform."""
+    model, jax_fn = built("structured")
+    raw = _sharded(models.raw_draws(model, 4, 12), SPECS["chains"])
+    _, plan = _postprocess.run(jax_fn, raw, "cpu", "auto")
+    assert plan.n_devices == 4
+
+
+def test_single_device_draws_are_not_spread_on_a_cpu(built):
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 50)]
+    problem, _ = _postprocess._validate(jax_fn, raw, None)
+    assert _planner.spread(problem) is problem
+
+
+def test_single_device_draws_spread_over_accelerators(built, monkeypatch):
+    """On a platform in `SPREAD_PLATFORMS` (here the CPU, made one for the test), a large
+    enough run is split over the local devices along the chain axis, outputs equal."""
+    monkeypatch.setattr(_planner, "SPREAD_PLATFORMS", ("cpu",))
+    monkeypatch.setattr(_planner, "SPREAD_MIN_BYTES", 0)
+    monkeypatch.setattr(_planner, "cpu_cores", lambda: 2)
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 50)]
+    expected = reference(jax_fn, raw)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+    assert plan.n_devices == 2 and "chain axis" in plan.devices_reason  # one per core
+    assert_same(outputs, expected)
+    outputs, plan = _postprocess.run(
+        jax_fn, [jnp.asarray(x) for x in models.raw_draws(model, 1, 50)], None, "auto"
+    )
+    assert plan.n_devices == 2 and "draw axis" in plan.devices_reason
