@@ -56,12 +56,12 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     import numpy as np
     import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
 
-    from pymc_chunkpost import _executable, _postprocess
+    from pymc_chunkpost import _postprocess, _problem
     from pymc_chunkpost.profiling.fixtures import on_device
 
     _, fn, raw = on_device(fixture, chains, draws)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
-    problem = _executable.analyse(fn, specs, jax.devices()[0])
+    problem = _problem.analyse(fn, specs, jax.devices()[0])
     # A session that has just sampled has lowered and compiled before: pay JAX's one-time
     # costs of a first lowering (about 0.15 s) here, not in whichever case is timed.
     jax.block_until_ready(jax.jit(lambda x: x + 1).lower(raw[-1]).compile()(raw[-1]))

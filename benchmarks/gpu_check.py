@@ -242,7 +242,7 @@ def section_fixtures(quick: bool) -> dict:
                     jax.block_until_ready(outputs)
                     row["seconds"] = time.perf_counter() - tic
                     row["pymc_vmap_seconds"] = pymc_seconds
-                    row["plan"] = f"{plan.strategy} {plan.chunk_size or ''} {plan.loop or ''}"
+                    row["plan"] = f"{plan.strategy} {plan.chunk_size or ''} {plan.loop}"
                     row["max_rel_diff"] = _max_rel_diff(outputs, reference)
                     row["devices"] = sorted({str(d) for o in outputs for d in o.devices()})
                 except Exception as error:  # noqa: BLE001

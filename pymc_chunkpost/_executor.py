@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import enum
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -137,6 +138,7 @@ def compile_executable(
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
     n_local = problem.n_local
     if loop is Loop.HOST or segments:
+        assert chunk_size is not None, "a loop needs a chunk size"
         out_specs = [
             jax.ShapeDtypeStruct(problem.out_specs[j].shape, problem.out_specs[j].dtype)
             for j in computed
@@ -175,9 +177,9 @@ def compile_executable(
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # XLA compiles without the GIL: the zero outputs of a host-driven run compile on the
         # side, hidden behind the main compile.
-        init = make_outputs and pool.submit(make_outputs.compile)
+        pending = None if make_outputs is None else pool.submit(make_outputs.compile)
         compiled = lowered.compile()
-        init = init and init.result()
+        init = None if pending is None else pending.result()
     compile_seconds = time.perf_counter() - toc
     memory = compiled.memory_analysis()
     result = Executable(
@@ -260,10 +262,12 @@ def _local_shapes(args, problem: Problem, n_mapped: int):
 
 
 def _shard_map(fn, mesh, in_specs, out_specs):
-    try:  # jax >= 0.7 names the replication check `check_vma`
-        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    except TypeError:
-        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+    # The outputs are per-shard results, not replicated values: no replication check. Newer
+    # jax names it `check_vma`, older `check_rep`.
+    params = inspect.signature(jax.shard_map).parameters
+    check = {"check_vma" if "check_vma" in params else "check_rep": False}
+    shard_map: Any = jax.shard_map
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **check)
 
 
 def _flat(xs, n: int):
@@ -343,7 +347,7 @@ def _run_chunks(exe: Executable, samples: Sequence[jax.Array], tuner: Any) -> li
     start = 0
     while start < n:
         step = exe if tuner is None else tuner.next_step(start)
-        size = step.chunk_size
+        size = int(step.chunk_size or n)
         tic = time.perf_counter()
         outs = step.compiled(outs, samples, np.int32(start))
         if tuner is not None and tuner.timing:
@@ -360,7 +364,7 @@ def _run_segments(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.Arr
     """Run an XLA loop in segments: a small timed one first, then about `SEGMENT_SECONDS`
     each, so that a short run takes two or three calls and a long one redraws the bar often
     enough, and neither pays for more dispatches."""
-    problem, size = exe.problem, exe.chunk_size
+    problem, size = exe.problem, int(exe.chunk_size or 1)
     n, n_shards = problem.n_local, problem.n_shards
     n_chunks = -(-n // size)
     outs = list(exe.init())

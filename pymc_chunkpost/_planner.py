@@ -202,7 +202,8 @@ def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
 def _user_stacklevel() -> int:
     """The `stacklevel`, for a `warnings.warn` made by the caller of this function, that
     points at the first frame outside this package and pymc (the user's own call)."""
-    frame, level = sys._getframe(1), 1
+    frame: Any = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith(
         ("pymc_chunkpost", "pymc.", "pytensor", "contextlib")
     ):
@@ -710,12 +711,12 @@ def next_attempt(
     n = problem.n_local
     if failed is not None:
         current = failed.exe.chunk_size or _effective_chunk(problem, failed.exe.strategy)
-        loop = failed.exe.loop if failed.exe.loop is not Loop.NONE else None
+        loop = failed.exe.loop
     else:  # a fixed strategy that ran out while compiling
         current = _effective_chunk(problem, failed_strategy)
-        loop = None
-    if loop is None:
-        loop = loop_for(problem, "auto" if problem.n_buffers > HOST_LOOP_MANY_BUFFERS else "")
+        loop = Loop.NONE
+    if loop is Loop.NONE:  # a plan without a loop of ours: the planner's loop for chunks
+        loop = loop_for(problem, "chunked")
     free = free_bytes(problem.device)
     needed = problem.output_bytes // problem.n_shards
     if not lost and free is not None and free < needed:

@@ -163,6 +163,7 @@ def run(
     if chunk_size is not None or n_chunks is not None:
         size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
     attempt: Attempt | None = None
+    computed: list[jax.Array] | None = None
     failed_strategy = strategy
     while True:
         try:
@@ -200,6 +201,7 @@ def run(
                 donate=xla_donate,
                 progress=progressbar,
             )
+    assert computed is not None and attempt is not None
     for i in donate:  # what donation frees, once nothing can fail any more
         if not placed[i].is_deleted():
             placed[i].delete()

@@ -272,19 +272,22 @@ def locate(samples: Sequence, device: jax.Device | None) -> Placement:
     """
     shardings = [x.sharding for x in samples if isinstance(x, jax.Array)]
     first = shardings[0] if len(shardings) == len(samples) else None
-    if first is not None and len(first.device_set) > 1:
+    if isinstance(first, NamedSharding) and len(first.device_set) > 1:
         spec = _leading_spec(first)
         same = spec is not None and all(
             isinstance(s, NamedSharding) and s.mesh == first.mesh and _leading_spec(s) == spec
             for s in shardings
         )
-        devices = list(first.mesh.devices.flat) if same else []
-        if same and (device is None or device.platform == devices[0].platform):
-            placement = Placement(
-                devices[0], first.mesh, spec, f"the draws' own sharding over {len(devices)} devices"
-            )
-            if placement.n_shards > 1:
-                return placement
+        mesh = first.mesh
+        if same and spec is not None and isinstance(mesh, Mesh):
+            # The first device this process addresses stands for all (its platform, its
+            # memory): under `jax.distributed` the mesh also holds other processes' devices.
+            local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+            if device is None or device.platform == local[0].platform:
+                reason = f"the draws' own sharding over {mesh.devices.size} devices"
+                placement = Placement(local[0], mesh, spec, reason)
+                if placement.n_shards > 1:
+                    return placement
     if device is not None:
         return Placement(device)
     if first is not None and len(first.device_set) == 1:
