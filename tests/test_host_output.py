@@ -204,14 +204,17 @@ class TestOutOfMemory:
 
     def check(self, jax_fn, host, raw, failing, compiled, made):
         progress = []
-        with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+        with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED") as caught:
             run_host(jax_fn, raw, 6, compiled=failing, on_progress=lambda *a: progress.append(a))
         assert progress == [(6, 40)]  # the first chunk landed before the failure
         for x, want in zip(raw, host, strict=True):
             assert not x.is_deleted()
             np.testing.assert_array_equal(np.asarray(x), want)
-        # The chunks in flight were released when the error left `stream_to_host`.
+        # The chunks in flight were released when the error left `stream_to_host`, although
+        # the caller still holds the error and its traceback (as a retry does).
+        assert caught.value.__traceback__ is not None
         assert all(r() is None or r().is_deleted() for refs in made for r in refs)
+        del caught
         # A retry with the same draws succeeds.
         outputs = run_host(jax_fn, raw, 6, compiled=compiled)
         assert_same(outputs, pymc_postprocess(jax_fn, raw, None, "vmap"))
