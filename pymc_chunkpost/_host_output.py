@@ -93,7 +93,8 @@ def chunk_starts(n_items: int, chunk_size: int) -> list[int]:
     """Where each chunk starts: `k * chunk_size`, except that the last chunk overlaps the one
     before (it starts at `n_items - chunk_size`) when `chunk_size` does not divide `n_items`,
     so that one compiled shape serves every chunk (the rule of `_chunked.chunk_start`)."""
-    n_chunks = -(-n_items // chunk_size)
+    chunk_size = min(chunk_size, n_items)  # a chunk larger than the draws is all of them
+    n_chunks = -(-n_items // chunk_size) if n_items else 0
     return [min(k * chunk_size, n_items - chunk_size) for k in range(n_chunks)]
 
 

@@ -104,6 +104,8 @@ def test_chunk_starts_overlap_only_the_last_chunk():
     assert chunk_starts(10, 5) == [0, 5]
     assert chunk_starts(10, 4) == [0, 4, 6]  # the last chunk overlaps the one before
     assert chunk_starts(3, 3) == [0]
+    assert chunk_starts(4, 9) == [0]  # a chunk larger than the draws is all of them
+    assert chunk_starts(0, 5) == []
 
 
 class TestArrays:
@@ -157,10 +159,7 @@ class TestDeviceMemory:
             ys = compiled(samples, start)
             chunks.append([weakref.ref(y) for y in ys])
             alive.append(
-                sum(
-                    any(r() is not None and not r().is_deleted() for r in refs)
-                    for refs in chunks
-                )
+                sum(any(r() is not None and not r().is_deleted() for r in refs) for refs in chunks)
             )
             return ys
 
