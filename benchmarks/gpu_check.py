@@ -359,6 +359,134 @@ def _child(args: list[str], timeout: float, env: dict | None = None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# --------------------------------------------------------------------------------------------
+# Outputs in host memory (issue 14). Not wired into the CLI's `--sections` yet; run it with
+#   python -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_check, json; \
+#              print(json.dumps(gpu_check.section_host_output(), indent=1, default=str))"
+
+#: The chunk step's chunk on the GPU: 64 draws of the 100k-point deterministic (51 MB of outputs).
+HOST_OUTPUT_CHUNK = 64
+
+
+def child_host_output(n_obs: str, chunk_size: str, transfer: str) -> dict:
+    """In a process whose pool is smaller than the outputs: `stream_to_host` with one
+    transfer, pymc's CPU backend as the reference, and the device's peak memory."""
+    _setup()
+    import jax
+    import numpy as np
+    from pymc.sampling.jax import _postprocess_samples
+
+    from pymc_chunkpost._host_output import Transfer, compile_host_chunks, stream_to_host
+    from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
+
+    n_obs, chunk_size, transfer = int(n_obs), int(chunk_size), Transfer(transfer)
+    device = jax.devices()[0]
+    model = big_det(n_obs=n_obs)
+    fn = jax_fn(model)
+    host = raw_draws(model, 4, 1000, 0)
+    result = {"platform": device.platform, "transfer": transfer.value}
+    result["stats_at_start"] = _stats(device)
+    raw = [jax.device_put(x, device) for x in host]
+    jax.block_until_ready(raw)
+    draws_bytes = sum(x.nbytes for x in raw)
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
+    out_specs = jax.eval_shape(jax.vmap(jax.vmap(fn)), *specs)
+    result["output_GiB"] = sum(np.prod(s.shape) * s.dtype.itemsize for s in out_specs) / GiB
+    result["draws_bytes"] = draws_bytes
+    result["memories"] = [m.kind for m in device.addressable_memories()]
+
+    # The reference: pymc's own post-processing on the CPU, the usual advice for this case.
+    tic = time.perf_counter()
+    reference = [np.asarray(v) for v in _postprocess_samples(fn, host, "cpu", "vmap", False)]
+    result["pymc_cpu_seconds"] = time.perf_counter() - tic
+    try:
+        tic = time.perf_counter()
+        compiled = compile_host_chunks(fn, specs, chunk_size, transfer=transfer)
+        result["compile_seconds"] = time.perf_counter() - tic
+        memory = compiled.memory_analysis()
+        chunk_bytes = int(memory.output_size_in_bytes) + int(memory.temp_size_in_bytes)
+        result["chunk_working_set_bytes"] = chunk_bytes
+        tic = time.perf_counter()
+        outputs = stream_to_host(compiled, raw, 4000, chunk_size, out_specs, transfer=transfer)
+        result["run_seconds"] = time.perf_counter() - tic
+        total = result["compile_seconds"] + result["run_seconds"]
+        result["speedup_vs_pymc_cpu"] = result["pymc_cpu_seconds"] / total
+        result["max_rel_diff"] = _max_rel_diff(outputs, reference)
+        result["draws_intact"] = not any(x.is_deleted() for x in raw)
+        stats = _stats(device)
+        result["stats"] = stats
+        # The draws, two chunks' working sets, and the model's design matrix (a constant of
+        # the executable, n_obs x 10 float64).
+        bound = draws_bytes + 2 * chunk_bytes + n_obs * 10 * 8
+        result["peak_bound_bytes"] = bound
+        peak = stats.get("peak_bytes_in_use")
+        result["peak_within_bound"] = None if peak is None else peak <= bound
+        result["ok"] = (
+            result["max_rel_diff"] < 1e-10
+            and result["speedup_vs_pymc_cpu"] >= 3
+            and result["peak_within_bound"] is not False
+            and result["draws_intact"]
+        )
+    except Exception as error:  # noqa: BLE001 - recorded for the report
+        result["error"] = f"{type(error).__name__}: {str(error)[:600]}"
+        result["stats"] = _stats(device)
+        result["ok"] = False
+    return result
+
+
+def section_host_output(quick: bool = False, pool_gib: float = 1.0) -> dict:
+    """Issue 14's acceptance: a ~1 GiB pool, 3 GiB of outputs streamed to host memory.
+
+    Checks per transfer: success, peak device memory <= the draws + 2 chunks' working sets
+    (outputs + temporaries of the compiled step), >= 3x faster (compile + run) than pymc's
+    `postprocessing_backend="cpu"`, and the values equal to pymc's. The pool's fraction comes
+    from the GPU's total memory (`nvidia-smi`), so that the pool is about `pool_gib`.
+    On a CPU it runs with small sizes (`quick`), the pool setting having no effect there.
+    """
+    n_obs = 2_000 if quick else 100_000  # 4 x 1000 draws x 100k x 8 bytes: 3.0 GiB
+    env = {}
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        total_gib = float(done.stdout.split()[0]) / 1024  # MiB
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, pool_gib / total_gib):.4f}"
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        total_gib = None  # no GPU: the CPU try-out
+    result = {"env": env, "gpu_total_GiB": total_gib}
+    for transfer in ("pinned_copy", "pinned_output", "view"):
+        # One fresh process per transfer: the device's peak is per process.
+        args = (str(n_obs), str(HOST_OUTPUT_CHUNK), transfer)
+        code = (
+            f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+            f"import gpu_check; print(json.dumps(gpu_check.child_host_output(*{args!r}), "
+            "default=str))"
+        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                cwd=ROOT,
+                env={**os.environ, **env},
+            )
+        except subprocess.TimeoutExpired as expired:
+            partial = expired.stdout or ""
+            partial = partial.decode() if isinstance(partial, bytes) else partial
+            result[transfer] = {"error": "over 300 s", "partial": partial[-3000:]}
+            continue
+        if done.returncode != 0:
+            result[transfer] = {"error": done.stderr.strip()[-2000:]}
+        else:
+            result[transfer] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(json.dumps({transfer: result[transfer]}, default=str)[:2000], flush=True)
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check_out")

@@ -1,0 +1,294 @@
+"""Outputs in host memory: the device computes chunk by chunk, each chunk lands in numpy.
+
+The device evaluates one compiled chunk step, `(samples, start) -> chunk outputs`, for every
+chunk. The host preallocates the outputs as plain numpy arrays and writes each chunk into its
+slice. Chunk `k + 1` is dispatched before chunk `k` is landed, so the device computes `k + 1`
+while chunk `k` travels to the host and is written into place.
+
+Invariant: at most two chunks' outputs are alive on the device at once (chunk `k`, being
+landed, and chunk `k + 1`, being computed); the device holds the draws, these two chunks and
+one chunk's temporaries, never all the outputs. The samples are only read, never donated.
+
+How a chunk reaches the host (`Transfer`, chosen per platform by `default_transfer`; the
+reasons and the measurements are in docs/host_output.md):
+
+- `VIEW` (CPU): the "device" memory *is* host memory, so `np.asarray(chunk)` is a zero-copy
+  view, and the one copy is the write into the output slice.
+- `PINNED_COPY` (accelerators): each chunk's outputs are moved to the device's `pinned_host`
+  memory with `jax.device_put`, an asynchronous DMA that runs beside the next chunk's compute;
+  `np.asarray` of a pinned-host array is again a zero-copy view, and the one host copy is the
+  write into the output slice. Pinned memory is only ever two chunks' worth, far below the
+  pinned pool's limit (`XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB`).
+- `PINNED_OUTPUT`: the chunk program itself writes its outputs to `pinned_host` memory
+  (`out_shardings` with that memory kind); the copy is then part of each chunk's program.
+
+Donation: never compile the chunk step (or anything else) with donated inputs and a host
+memory-kind output. On CPU (jax 0.10 and 0.12) XLA aliases the donated device buffer to the
+`pinned_host` output and the process then aborts ("PjRtBuffer's memory kind does not match
+sharding's memory kind"): see `tests/test_host_output.py`. Donated draws are freed by the
+caller once every chunk has landed.
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import SingleDeviceSharding
+
+from ._chunked import read_slice
+
+__all__ = [
+    "Transfer",
+    "default_transfer",
+    "host_memory_kind",
+    "chunk_starts",
+    "host_chunk_function",
+    "compile_host_chunks",
+    "stream_to_host",
+]
+
+
+class Transfer(enum.Enum):
+    """How each chunk's outputs reach host memory (see the module docstring)."""
+
+    VIEW = "view"
+    PINNED_COPY = "pinned_copy"
+    PINNED_OUTPUT = "pinned_output"
+
+
+#: The memory kind that accelerators expose for host memory they can DMA into.
+PINNED_HOST = "pinned_host"
+
+
+def host_memory_kind(device: jax.Device) -> str | None:
+    """`"pinned_host"` if `device` can address pinned host memory, else None."""
+    try:
+        kinds = {m.kind for m in device.addressable_memories()}
+    except Exception:  # noqa: BLE001 - a backend without memory spaces: no host kind
+        return None
+    return PINNED_HOST if PINNED_HOST in kinds else None
+
+
+def default_transfer(device: jax.Device) -> Transfer:
+    """`VIEW` on a CPU, `PINNED_COPY` where the device has pinned host memory.
+
+    Raises:
+        ValueError: an accelerator without a `pinned_host` memory kind.
+    """
+    if device.platform == "cpu":
+        return Transfer.VIEW
+    if host_memory_kind(device) is None:
+        raise ValueError(
+            f"Device {device} ({device.platform}) has no 'pinned_host' memory kind, so its "
+            "outputs cannot be streamed to host memory. Pass `output_memory='device'`."
+        )
+    return Transfer.PINNED_COPY
+
+
+def chunk_starts(n_items: int, chunk_size: int) -> list[int]:
+    """Where each chunk starts: `k * chunk_size`, except that the last chunk overlaps the one
+    before (it starts at `n_items - chunk_size`) when `chunk_size` does not divide `n_items`,
+    so that one compiled shape serves every chunk (the rule of `_chunked.chunk_start`)."""
+    chunk_size = min(chunk_size, n_items)  # a chunk larger than the draws is all of them
+    n_chunks = -(-n_items // chunk_size) if n_items else 0
+    return [min(k * chunk_size, n_items - chunk_size) for k in range(n_chunks)]
+
+
+def _check_sizes(n_items, chunk_size) -> int:
+    """Validate before any tracing; return the chunk size used (at most `n_items`)."""
+    if isinstance(n_items, bool) or not isinstance(n_items, int | np.integer) or n_items < 0:
+        raise ValueError(f"`n_items` must be a non-negative int (chains * draws), got {n_items!r}.")
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, int | np.integer)
+        or chunk_size <= 0
+    ):
+        raise ValueError(
+            f"`chunk_size` must be a positive int, got {chunk_size!r}. Pass the number of "
+            "draws each chunk evaluates, e.g. `chunk_size=256`."
+        )
+    return max(1, min(int(chunk_size), int(n_items)))
+
+
+def host_chunk_function(
+    per_draw: Callable, n_items: int, chunk_size: int
+) -> Callable[[Sequence[jax.Array], jax.Array], list[jax.Array]]:
+    """The chunk step to jit: `(samples, start) -> outputs of draws [start, start + size)`.
+
+    Args:
+        per_draw: one draw's values (one per sample, without the `(chains, draws)` axes) to a
+            sequence of outputs.
+        n_items: `chains * draws`.
+        chunk_size: draws per chunk (clipped to `n_items`). Memory: the step's outputs and
+            temporaries scale with it; time: one dispatch per chunk (tens of us), and very
+            small chunks lose vectorisation.
+
+    Returns:
+        `chunk(samples, start)`: `samples` are the `(chains, draws, ...)` arrays, read through
+        their flattened `(chains * draws, ...)` view (a free reshape); `start` is an int32
+        scalar from `chunk_starts`. It returns one array of shape `(size, ...)` per output.
+
+    Raises:
+        ValueError: bad `n_items` or `chunk_size` (before any tracing).
+    """
+    size = _check_sizes(n_items, chunk_size)
+    n = int(n_items)
+
+    def chunk(samples, start):
+        flat = [x.reshape((n,) + x.shape[2:]) for x in samples]  # free: a bitcast
+        sliced = [read_slice(x, start, size, 0) for x in flat]
+        return list(jax.vmap(lambda *values: list(per_draw(*values)))(*sliced))
+
+    return jax.named_call(chunk, name=f"chunk_{size}")
+
+
+def compile_host_chunks(
+    per_draw: Callable,
+    in_specs: Sequence[jax.ShapeDtypeStruct],
+    chunk_size: int,
+    *,
+    device: jax.Device | None = None,
+    transfer: Transfer | None = None,
+):
+    """Compile `host_chunk_function` for samples shaped like `in_specs`; nothing runs.
+
+    Nothing is donated: every chunk reads the samples, and a donated buffer must never meet
+    a host memory-kind output (see the module docstring).
+
+    Args:
+        per_draw: as for `host_chunk_function`.
+        in_specs: the samples' shapes and dtypes, `(chains, draws, ...)` each.
+        chunk_size: draws per chunk.
+        device: where to compute; defaults to JAX's default device.
+        transfer: `PINNED_OUTPUT` compiles the outputs into `pinned_host` memory; the other
+            transfers leave them in device memory. Defaults to `default_transfer(device)`.
+
+    Returns:
+        The `jax.stages.Compiled` step, to pass to `stream_to_host`.
+    """
+    device = jax.devices()[0] if device is None else device
+    transfer = default_transfer(device) if transfer is None else Transfer(transfer)
+    if not in_specs:
+        raise ValueError("`in_specs` is empty: pass one spec per raw sample array.")
+    chains, draws = in_specs[0].shape[:2]
+    chunk = host_chunk_function(per_draw, chains * draws, chunk_size)
+    sharding = SingleDeviceSharding(device)
+    out_sharding = sharding
+    if transfer is Transfer.PINNED_OUTPUT:
+        out_sharding = sharding.with_memory_kind(PINNED_HOST)
+    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in in_specs]
+    start = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
+    return jax.jit(chunk, out_shardings=out_sharding).lower(specs, start).compile()
+
+
+def stream_to_host(
+    compiled_chunk: Callable,
+    samples: Sequence[jax.Array],
+    n_items: int,
+    chunk_size: int,
+    out_specs: Sequence[jax.ShapeDtypeStruct],
+    on_progress: Callable[[int, int], None] | None = None,
+    *,
+    transfer: Transfer | None = None,
+    out: Sequence[np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """Run the chunk step over every chunk and land each chunk's outputs in host memory.
+
+    Chunk `k + 1` is dispatched before chunk `k` is landed: the device computes it while
+    chunk `k` travels to the host and is written into place. At most two chunks' outputs are
+    alive on the device at once. On an error (an out-of-memory RESOURCE_EXHAUSTED included)
+    the chunks in flight are released and the error is raised; the samples are never donated
+    here, so they are intact, and the caller may retry (with `out` to reuse the host arrays).
+
+    Args:
+        compiled_chunk: the step from `compile_host_chunks` (or any callable with the
+            signature of `host_chunk_function`'s result, compiled for `chunk_size`).
+        samples: the raw draws, `(chains, draws, ...)` each, on the device.
+        n_items: `chains * draws`.
+        chunk_size: the step's chunk size (clipped to `n_items`, as in `host_chunk_function`).
+        out_specs: each output's shape `(chains, draws, ...)` and dtype.
+        on_progress: called as `on_progress(items_done, n_items)` after each chunk has landed.
+        transfer: how chunks reach the host; must match how `compiled_chunk` was compiled
+            (`PINNED_OUTPUT` for a step compiled with pinned-host outputs). Defaults to
+            `default_transfer` of the samples' device.
+        out: preallocated C-contiguous outputs to fill (e.g. from a failed attempt); by
+            default new ones are made with `np.empty`.
+            Memory: the outputs, once, in host memory (pages are touched as chunks land), plus
+            two chunks; time: one host copy of every output byte, overlapped with compute.
+
+    Returns:
+        One numpy array per output, shape and dtype of `out_specs`: plain, C-contiguous,
+        writeable arrays that own their memory (numpy and ArviZ take them without a copy).
+
+    Raises:
+        ValueError: bad sizes or specs (before any work).
+        jax.errors.JaxRuntimeError: from the device, e.g. RESOURCE_EXHAUSTED.
+    """
+    size = _check_sizes(n_items, chunk_size)
+    n = int(n_items)
+    samples = list(samples)
+    lead = tuple(samples[0].shape[:2]) if samples else None
+    if samples and lead[0] * lead[1] != n:
+        raise ValueError(
+            f"`n_items`={n} does not match the samples' (chains, draws)={lead}. Pass "
+            f"`n_items={lead[0] * lead[1]}`."
+        )
+    for spec in out_specs:
+        if lead is not None and tuple(spec.shape[:2]) != lead:
+            raise ValueError(
+                f"`out_specs` must have shape (chains, draws, ...)={lead} + ..., got "
+                f"{tuple(spec.shape)}. Pass the full output shapes, not per-draw ones."
+            )
+    if out is None:
+        out = [np.empty(s.shape, s.dtype) for s in out_specs]
+    else:
+        out = list(out)
+        for o, s in zip(out, out_specs, strict=True):
+            if o.shape != tuple(s.shape) or o.dtype != s.dtype or not o.flags.c_contiguous:
+                raise ValueError(
+                    f"`out` arrays must be C-contiguous with the shapes and dtypes of "
+                    f"`out_specs`; got {o.shape} {o.dtype} for {tuple(s.shape)} {s.dtype}."
+                )
+    if n == 0:
+        return out
+    flats = [o.reshape((n,) + o.shape[2:]) for o in out]  # views: `out` is C-contiguous
+    device = next(iter(samples[0].devices())) if samples else jax.devices()[0]
+    transfer = default_transfer(device) if transfer is None else Transfer(transfer)
+    pinned = SingleDeviceSharding(device, memory_kind=PINNED_HOST)
+    starts = chunk_starts(n, size)
+
+    def dispatch(k):
+        ys = compiled_chunk(samples, np.int32(starts[k]))
+        if transfer is Transfer.PINNED_COPY:
+            # Asynchronous DMA into pinned host memory, queued behind chunk k's compute.
+            ys = jax.device_put(ys, pinned)
+        return ys
+
+    def land(k, ys):
+        start, written = starts[k], k * size  # the last chunk's overlap is already written
+        for flat, y in zip(flats, ys, strict=True):
+            # A zero-copy view (CPU memory or pinned host memory); blocks until it is ready.
+            view = np.asarray(y)
+            flat[written : start + size] = view[written - start :]
+
+    pending = nxt = None
+    try:
+        pending = dispatch(0)
+        for k in range(len(starts)):
+            nxt = dispatch(k + 1) if k + 1 < len(starts) else None
+            land(k, pending)
+            pending, nxt = nxt, None  # chunk k released: only chunk k + 1 is in flight
+            if on_progress is not None:
+                on_progress(min((k + 1) * size, n), n)
+    except BaseException as error:
+        # Release the chunks in flight now, not when the caller drops the traceback: the
+        # frames below this one (dispatch, land) still hold chunk outputs.
+        pending = nxt = None
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__.tb_next)
+        raise
+    return out
