@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec
 
 from ._cache import FunctionCache
 from ._chunked import chunk_start, read_slice, write_slice
+from ._host_output import compile_host_chunks, stream_to_host
 from ._problem import Problem
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE
@@ -74,6 +75,9 @@ class Executable:
         flops: XLA's cost analysis (a loop body counts once).
         problem: what it was compiled for.
         init: for host-driven runs, a compiled `() -> outputs` of zero-filled outputs.
+        output_memory: "device", or "host": `compiled` is then a chunk step
+            `(samples, start) -> chunk outputs` whose results are streamed into numpy
+            arrays (`_host_output.stream_to_host`); nothing is donated to it.
     """
 
     strategy: str
@@ -91,6 +95,7 @@ class Executable:
     flops: float
     problem: Problem
     init: Any = None
+    output_memory: str = "device"
 
     @property
     def host_driven(self) -> bool:
@@ -99,6 +104,8 @@ class Executable:
     @property
     def peak_bytes(self) -> int:
         """New memory per device at the peak: outputs and temporaries, less aliased inputs."""
+        if self.output_memory == "host":  # two chunks' outputs in flight, one's temporaries
+            return 2 * self.output_bytes + self.temp_bytes
         if self.host_driven:  # the step updates the outputs in place
             return self.problem.output_bytes // self.problem.n_shards + self.temp_bytes
         return self.output_bytes + self.temp_bytes - self.alias_bytes
@@ -115,15 +122,18 @@ def compile_executable(
     chunk_size: int | None,
     donate: Sequence[int] = (),
     progress: bool = False,
+    output_memory: str = "device",
 ) -> Executable:
     """Compile (or fetch from the cache) `strategy` for `problem`; nothing runs.
 
     An XLA loop with `progress` compiles to segments that the host dispatches and reports on;
-    a callback inside the loop would cost more (docs/strategies.md).
+    a callback inside the loop would cost more (docs/strategies.md). `output_memory="host"`
+    compiles the chunk step whose outputs are streamed to host memory (`Loop.HOST`, one
+    device, nothing donated).
     """
     donate = tuple(donate)
     loop = Loop(loop)
-    key = (problem, strategy, loop, chunk_size, donate, progress)
+    key = (problem, strategy, loop, chunk_size, donate, progress, output_memory)
     cached = _EXECUTABLES.get(jax_fn, key)
     if cached is not None:
         return cached
@@ -137,6 +147,32 @@ def compile_executable(
     sharding = problem.placement.sharding
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
     n_local = problem.n_local
+    if output_memory == "host":
+        assert chunk_size is not None and problem.n_shards == 1, "host outputs: one device"
+        tic = time.perf_counter()
+        compiled = compile_host_chunks(
+            per_draw, problem.in_specs, chunk_size, device=problem.device
+        )
+        memory = compiled.memory_analysis()
+        result = Executable(
+            strategy=strategy,
+            loop=Loop.HOST,
+            chunk_size=chunk_size,
+            compiled=compiled,
+            donated=(),
+            progress=progress,
+            segments=False,
+            trace_seconds=0.0,
+            compile_seconds=time.perf_counter() - tic,
+            temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
+            output_bytes=int(getattr(memory, "output_size_in_bytes", 0)),
+            alias_bytes=0,
+            flops=_flops(compiled),
+            problem=problem,
+            output_memory="host",
+        )
+        _EXECUTABLES.put(jax_fn, key, result)
+        return result
     if loop is Loop.HOST or segments:
         assert chunk_size is not None, "a loop needs a chunk size"
         out_specs = [
@@ -325,6 +361,12 @@ def execute(
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        if exe.output_memory == "host":
+            problem = exe.problem
+            out_specs = [problem.out_specs[j] for j in problem.computed]
+            on_progress = on_chunk if exe.progress else None
+            n, size = problem.n_items, int(exe.chunk_size or problem.n_items)
+            return stream_to_host(exe.compiled, samples, n, size, out_specs, on_progress)
         if exe.segments:
             return _run_segments(exe, samples)
         if exe.loop is Loop.HOST:

@@ -71,14 +71,14 @@ def free_bytes(device: jax.Device) -> int | None:
     memory limit if one is set.
     """
     if device.platform == "cpu":
-        return _host_available_bytes()
+        return host_free_bytes()
     stats = device.memory_stats()
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
     return None
 
 
-def _host_available_bytes() -> int:
+def host_free_bytes() -> int:
     available = None
     try:
         with open("/proc/meminfo") as f:

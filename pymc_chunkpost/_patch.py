@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _postprocess
-from ._options import check_options
 from ._memory import resolve_device
+from ._options import check_options
 from ._planner import Plan
 
 __all__ = ["patch", "unpatch", "is_patched", "patched"]
@@ -40,6 +40,7 @@ OPTIONS: dict[str, str] = {
     "postprocessing_chunk_size": "chunk_size",
     "postprocessing_n_chunks": "n_chunks",
     "postprocessing_memory_budget": "memory_budget",
+    "postprocessing_output_memory": "output_memory",
 }
 _PYMC_STRATEGIES = ("vmap", "scan")  # what pymc's own `_postprocess_samples` knows
 _TARGETS = (
@@ -105,6 +106,7 @@ class _Session:
     chunk_size: int | None
     n_chunks: int | None
     memory_budget: int | float | None
+    output_memory: str
     progressbar: bool
     plans: list[Plan] = dataclasses.field(default_factory=list)
 
@@ -131,6 +133,9 @@ def patch() -> None:
       meaning.
     - `postprocessing_chunk_size` / `postprocessing_n_chunks`: draws per chunk, or the number
       of chunks, for "chunked" and "auto". Smaller chunks use less memory and take longer.
+    - `postprocessing_output_memory`: "auto" (default), "device" or "host": where the outputs
+      live. "host" computes chunk by chunk on the device and lands each chunk in host memory,
+      for outputs larger than an accelerator; "auto" does so when they do not fit it.
     - `postprocessing_memory_budget`: bytes the outputs and temporaries may take; default the
       device's free memory.
 
@@ -305,6 +310,7 @@ def _make_postprocess_samples(original: Callable) -> Callable:
             chunk_size=session.chunk_size,
             n_chunks=session.n_chunks,
             memory_budget=session.memory_budget,
+            output_memory=session.output_memory,
             progressbar=session.progressbar,
         )
         session.plans.append(plan)
@@ -344,6 +350,7 @@ def _check_options(options: dict[str, Any], postprocessing_backend: Any) -> None
             options["postprocessing_chunk_size"],
             options["postprocessing_n_chunks"],
             options["postprocessing_memory_budget"],
+            options["postprocessing_output_memory"] or "auto",
             names={argument: option for option, argument in OPTIONS.items()},
         )
         resolve_device(postprocessing_backend)
@@ -370,6 +377,7 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
             chunk_size=options["postprocessing_chunk_size"],
             n_chunks=options["postprocessing_n_chunks"],
             memory_budget=options["postprocessing_memory_budget"],
+            output_memory=options["postprocessing_output_memory"] or "auto",
             progressbar=bool(kwargs.get("progressbar", True)) and not kwargs.get("quiet", False),
         )
         token = _session.set(session)

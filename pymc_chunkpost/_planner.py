@@ -39,7 +39,8 @@ from jax.sharding import Mesh
 from . import _tuning
 from ._chunked import resolve_chunk_size
 from ._executor import Executable, Loop, compile_executable
-from ._memory import free_bytes
+from ._host_output import host_memory_kind
+from ._memory import free_bytes, host_free_bytes
 from ._problem import Placement, Problem, cpu_cores, is_out_of_memory
 
 __all__ = [
@@ -248,6 +249,92 @@ def spread(problem: Problem) -> Problem:
     return problem
 
 
+def output_memory_for(problem: Problem, request: str, budget: int | None) -> tuple[str, str]:
+    """Where the outputs go, "device" or "host", and why: the one place this is decided.
+
+    "auto" keeps them on the device when they fit its budget with room for one draw's work;
+    otherwise, on an accelerator with a host memory kind, they land in host memory chunk by
+    chunk. It never chooses "host" on a CPU, where both are the same RAM.
+
+    Raises:
+        ValueError: "host" asked of draws split over several devices, or of an accelerator
+            without host memory; nothing has run.
+        MemoryError: the outputs fit neither the device budget nor host memory; the message
+            says what is needed on each side. Nothing has run.
+    """
+    per_device = problem.output_bytes // problem.n_shards
+    if request == "device":
+        return "device", "as requested"
+    device = problem.device
+    can_stream = problem.n_shards == 1 and (
+        device.platform == "cpu" or host_memory_kind(device) is not None
+    )
+    if request == "host":
+        if not can_stream:
+            raise ValueError(
+                "`output_memory='host'` streams one device's chunks to host memory, but the "
+                + (
+                    f"draws are split over {problem.n_shards} devices"
+                    if problem.n_shards > 1
+                    else f"device {device} has no host memory kind"
+                )
+                + ". Pass `output_memory='device'` (or 'auto'). Nothing was run."
+            )
+        return "host", "as requested"
+    room = per_device + problem.per_item_bytes + problem.intermediate_bytes
+    if budget is None or room <= budget:
+        return "device", "they fit the device's budget"
+    if device.platform == "cpu" or not can_stream:
+        return "device", "no host memory to stream to"  # check_budget raises what is short
+    host = host_free_bytes()
+    if problem.output_bytes > host:
+        raise MemoryError(
+            f"The outputs need {_mib(problem.output_bytes)}: more than {device} can give "
+            f"({_budget_text(budget)}) and more than host memory has free ({_mib(host)}). "
+            "Post-process fewer variables (`var_names`), or thin the draws. Nothing was run; "
+            "the draws are untouched."
+        )
+    return "host", (
+        f"the outputs ({_mib(problem.output_bytes)}) exceed {_budget_text(budget)} on the "
+        f"device; host memory has {_mib(host)} free"
+    )
+
+
+def _host_output_attempt(jax_fn, problem, budget, chunk_size, progress, why_host, tic):
+    """Chunks computed on the device and landed in host memory: the device holds the draws,
+    two chunks' outputs and one chunk's temporaries (`_host_output`)."""
+    limit = math.inf if budget is None else budget
+    n = problem.n_items
+    per_item = problem.per_item_bytes + problem.intermediate_bytes
+    if chunk_size is not None:
+        size, why, source = min(chunk_size, n), "as requested", "requested"
+    elif problem.device.platform == "cpu":
+        size, why = _fast_chunk_size(problem, float(problem.intermediate_bytes), None)
+        source = "rule"
+    else:  # a quarter of the budget per chunk: two in flight, temporaries, the autotuner
+        size = n if budget is None else max(1, min(n, int(budget // 4 // max(per_item, 1))))
+        why, source = "a quarter of the device budget per chunk", "rule"
+    while True:
+        exe = _compile(jax_fn, problem, "chunked", Loop.HOST, size, (), progress, "host")
+        if exe is not None and exe.peak_bytes <= limit:
+            reason = (
+                f"Chunks of {size} draws ({why}), each landed in host memory ({why_host}): "
+                f"{_mib(exe.peak_bytes)} on the device, within {_budget_text(budget)}."
+            )
+            plan = _make_plan(
+                problem, budget, exe, "chunked", reason, source, time.perf_counter() - tic
+            )
+            return Attempt(plan, exe)
+        if size == 1:
+            raise MemoryError(
+                "Even one draw at a time does not fit the device's memory with the outputs "
+                "in host memory. Nothing was run; the draws are untouched. Post-process on "
+                "the CPU (`postprocessing_backend='cpu'`)."
+            )
+        why = "halved until the device's compiled peak fits the budget"
+        size = smaller(n, size)
+
+
 def loop_for(problem: Problem, strategy: str) -> Loop:
     """The loop that chunks of `problem` run in: the one place this is decided.
 
@@ -300,6 +387,7 @@ def _make_plan(
         source=source,
         n_devices=problem.n_shards,
         devices_reason=problem.placement.reason,
+        output_memory=exe.output_memory,
     )
 
 
@@ -336,14 +424,18 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
     return size, why
 
 
-def _compile(jax_fn, problem, strategy, loop, size, donate, progress) -> Executable | None:
+def _compile(
+    jax_fn, problem, strategy, loop, size, donate, progress, output_memory="device"
+) -> Executable | None:
     """`compile_executable(...)`, or None if compiling ran out of device memory.
 
     On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's real size while
     compiling, so a large chunk can fail to compile where a smaller one fits.
     """
     try:
-        return compile_executable(jax_fn, problem, strategy, loop, size, donate, progress)
+        return compile_executable(
+            jax_fn, problem, strategy, loop, size, donate, progress, output_memory
+        )
     except jax.errors.JaxRuntimeError as error:
         if is_out_of_memory(error):
             return None
@@ -363,6 +455,7 @@ def first_attempt(
     chunk_size: int | None = None,
     donate: Sequence[int] = (),
     progress: bool = False,
+    output_memory: str = "auto",
     use_cache: bool = True,
 ) -> Attempt:
     """The first thing to try for a call.
@@ -375,6 +468,7 @@ def first_attempt(
         chunk_size: a requested chunk size (for "auto"/"chunked"), already resolved.
         donate: input indices handed to XLA.
         progress: compile with progress reporting.
+        output_memory: "auto", "device" or "host" (see `output_memory_for`).
         use_cache: read and write the tuning cache ("auto" only).
 
     Raises:
@@ -382,6 +476,12 @@ def first_attempt(
             exceeds an explicit budget; nothing has run.
     """
     tic = time.perf_counter()
+    if strategy in ("auto", "chunked"):
+        where, why_host = output_memory_for(problem, output_memory, budget)
+        if where == "host":
+            return _host_output_attempt(
+                jax_fn, problem, budget, chunk_size, progress, why_host, tic
+            )
     check_budget(problem, budget)
     if strategy not in ("auto", "chunked"):
         exe = _compile(jax_fn, problem, strategy, Loop.NONE, None, donate, progress)
@@ -717,8 +817,9 @@ def next_attempt(
         loop = Loop.NONE
     if loop is Loop.NONE:  # a plan without a loop of ours: the planner's loop for chunks
         loop = loop_for(problem, "chunked")
+    host = failed is not None and failed.exe.output_memory == "host"
     free = free_bytes(problem.device)
-    needed = problem.output_bytes // problem.n_shards
+    needed = 0 if host else problem.output_bytes // problem.n_shards
     if not lost and free is not None and free < needed:
         raise MemoryError(
             f"Post-processing ran out of memory with {failed_strategy!r} at {current} draw(s) "
@@ -745,7 +846,10 @@ def next_attempt(
         f"draw(s) per chunk; retrying with chunks of {size}. The draws are intact."
     )
     while True:
-        exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress)
+        if host:
+            exe = _compile(jax_fn, problem, "chunked", Loop.HOST, size, (), progress, "host")
+        else:
+            exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress)
         if exe is not None:
             break
         if size <= 1:

@@ -38,6 +38,7 @@ def postprocess_samples(
     n_chunks: int | None = None,
     memory_budget: int | None = None,
     progressbar: bool = False,
+    output_memory: str = "auto",
 ) -> list[jax.Array]:
     """Constrain raw NUTS draws and compute deterministics, draw by draw.
 
@@ -79,10 +80,16 @@ def postprocess_samples(
             before anything runs.
         progressbar: show a tqdm bar over chunks while a loop runs (costs one host round
             trip per chunk or segment, not measurable on the benchmarks).
+        output_memory: where the outputs live, for "chunked" and "auto". "device" (the
+            draws' device); "host": the device computes chunk by chunk and each chunk lands
+            in a numpy array in host memory, so the device holds only the draws and two
+            chunks (for outputs larger than an accelerator; on a CPU it costs one extra copy
+            of every output byte); "auto" (default): "device" when the outputs fit its free
+            memory, else "host" on an accelerator that has host memory (docs/memory.md).
 
     Returns:
-        One `jax.Array` per output of `jax_fn`, of shape `(chains, draws, ...)`, on the
-        draws' devices.
+        One array per output of `jax_fn`, of shape `(chains, draws, ...)`: `jax.Array`s on
+        the draws' devices, or numpy arrays with the outputs in host memory.
 
     Raises:
         ValueError: bad input, raised before any work; the caller's arrays are untouched.
@@ -100,6 +107,7 @@ def postprocess_samples(
         n_chunks=n_chunks,
         memory_budget=memory_budget,
         progressbar=progressbar,
+        output_memory=output_memory,
     )[0]
 
 
@@ -146,10 +154,11 @@ def run(
     n_chunks: int | None = None,
     memory_budget: int | None = None,
     progressbar: bool = False,
-) -> tuple[list[jax.Array], Plan]:
+    output_memory: str = "auto",
+) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran."""
     strategy = postprocessing_vectorize
-    check_options(strategy, chunk_size, n_chunks, memory_budget)
+    check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
     if strategy in CHUNK_STRATEGIES:
         problem = _planner.spread(problem)
@@ -176,6 +185,7 @@ def run(
                     chunk_size=size,
                     donate=xla_donate,
                     progress=progressbar,
+                    output_memory=output_memory,
                 )
             with progress_bar(problem.n_items, "Transforming variables", progressbar):
                 computed = execute(attempt.exe, placed, attempt.tuner)
@@ -206,7 +216,9 @@ def run(
         if not placed[i].is_deleted():
             placed[i].delete()
     it = iter(computed)
-    outputs = [next(it) if k is None else placed[k] for k in problem.forwarded]
+    outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
+    if attempt.exe.output_memory == "host":  # every output in host memory, as asked
+        outputs = [np.asarray(x) for x in outputs]
     return outputs, _planner.finished(attempt)
 
 

@@ -188,6 +188,7 @@ REAL = [
         None,
     ),
     ("sample_jax_nuts", "blackjax", {"postprocessing_memory_budget": 2**30}, None, None),
+    ("pm.sample", "numpyro", {"postprocessing_output_memory": "host"}, None, None),
 ]
 
 
@@ -278,6 +279,10 @@ OPTION_SETS = [
     (
         {"postprocessing_n_chunks": 4},
         {"postprocessing_vectorize": "auto", "chunk_size": None, "n_chunks": 4},
+    ),
+    (
+        {"postprocessing_output_memory": "host"},
+        {"postprocessing_vectorize": "auto", "output_memory": "host"},
     ),
 ]
 

@@ -21,7 +21,7 @@ from helpers import (
 )
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executor, _memory, _planner, _postprocess, _problem
+from pymc_chunkpost import _executor, _memory, _planner, _postprocess
 
 
 @pytest.fixture(scope="module")

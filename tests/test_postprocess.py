@@ -5,12 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import models
-from helpers import assert_donated, assert_same, compile_for, problem_of, reference
 import numpy as np
 import pytest
+from helpers import assert_donated, assert_same, compile_for, problem_of, reference
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executor, _problem
 from pymc_chunkpost._postprocess import run
 
 # (chains, draws, chunk_size): 1 chain, 1 draw, a chunk that does not divide chains x draws,

@@ -1,0 +1,151 @@
+"""Where the outputs live: on the device, or landed in host memory chunk by chunk."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import models
+import numpy as np
+import pytest
+from helpers import assert_intact, assert_same, out_of_memory, problem_of, reference
+
+import pymc_chunkpost as pc
+from pymc_chunkpost import _planner, _postprocess
+from pymc_chunkpost._problem import Placement
+
+
+@pytest.fixture(scope="module")
+def wide():
+    model = models.data_regression(n_obs=2000)
+    return model, models.jax_fn(model)
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+@pytest.mark.parametrize("options", [{}, {"chunk_size": 7}, {"progressbar": True}])
+@pytest.mark.parametrize("output_memory", ["host", "device"])
+def test_outputs_equal_pymc(built, name, options, output_memory):
+    model, jax_fn = built(name)
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 31)]
+    expected = reference(jax_fn, raw)
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", output_memory=output_memory, **options
+    )
+    assert_same(outputs, expected)
+    assert plan.output_memory == output_memory
+    if output_memory == "host":
+        for out in outputs:  # plain numpy arrays that numpy and ArviZ take without a copy
+            assert isinstance(out, np.ndarray) and np.asarray(out) is out
+
+
+def test_float32(built):
+    model, jax_fn = built("float32")
+    raw = models.raw_draws(model, 2, 9)
+    outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", output_memory="host")
+    assert_same(outputs, reference(jax_fn, raw), rtol=1e-6)
+
+
+class FakeGpu:
+    """An accelerator as the planner sees it: a platform, a pool, host memory to stream to."""
+
+    platform = "gpu"
+
+    def __init__(self, free):
+        self.free = free
+
+    def memory_stats(self):
+        return {"bytes_limit": self.free, "bytes_in_use": 0}
+
+    def addressable_memories(self):
+        return [type("Memory", (), {"kind": k})() for k in ("device", "pinned_host")]
+
+
+def _on(problem, device):
+    return dataclasses.replace(problem, placement=Placement(device))
+
+
+def test_auto_sends_outputs_that_do_not_fit_an_accelerator_to_host(wide):
+    model, jax_fn = wide
+    problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
+    small = FakeGpu(problem.output_bytes // 2)
+    where, why = _planner.output_memory_for(_on(problem, small), "auto", small.free)
+    assert where == "host" and "exceed" in why
+    large = FakeGpu(100 * problem.output_bytes)
+    assert _planner.output_memory_for(_on(problem, large), "auto", large.free)[0] == "device"
+
+
+def test_host_memory_too_small_too_is_a_memory_error_naming_both(wide, monkeypatch):
+    model, jax_fn = wide
+    problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
+    monkeypatch.setattr(_planner, "host_free_bytes", lambda: problem.output_bytes // 3)
+    small = FakeGpu(problem.output_bytes // 2)
+    with pytest.raises(MemoryError, match="more than .* can give .* host memory has free"):
+        _planner.output_memory_for(_on(problem, small), "auto", small.free)
+
+
+def test_auto_never_chooses_host_on_a_cpu(wide):
+    """On a CPU the same budget still gives the clear `MemoryError` before any work; an
+    explicit "host" works there."""
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+    floor = problem_of(jax_fn, raw).output_bytes
+    with pytest.raises(MemoryError, match="memory budget"):
+        pc.postprocess_samples(jax_fn, raw, None, "auto", memory_budget=floor // 2)
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", memory_budget=floor // 2, output_memory="host"
+    )
+    assert plan.output_memory == "host" and plan.peak_bytes <= floor // 2
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_host_on_split_draws_is_refused_before_work(built):
+    model, jax_fn = built("structured")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    raw = [jax.device_put(jnp.asarray(x), sharding) for x in models.raw_draws(model, 2, 5)]
+    with pytest.raises(ValueError, match="split over 2 devices"):
+        pc.postprocess_samples(jax_fn, raw, None, "auto", output_memory="host")
+
+
+@pytest.mark.parametrize("bad", ["gpu", None, 3])
+def test_bad_output_memory(wide, bad):
+    model, jax_fn = wide
+    with pytest.raises(ValueError, match="output_memory"):
+        pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 2), output_memory=bad)
+    with pytest.raises(ValueError, match="applies to the strategies"):
+        pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 2), None, "vmap", output_memory="host")  # fmt: skip
+
+
+def test_out_of_memory_on_the_host_path_keeps_the_draws(wide, monkeypatch):
+    """An out-of-memory failure mid-stream is retried at half the chunk; the draws are never
+    handed to XLA on this path, and donated draws are freed only after success."""
+    attempts = []
+    real = _postprocess.execute
+
+    def execute(exe, samples, tuner=None):
+        attempts.append(exe.chunk_size)
+        if exe.chunk_size > 10:
+            raise out_of_memory()
+        return real(exe, samples, tuner)
+
+    monkeypatch.setattr(_postprocess, "execute", execute)
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+    copies = [np.asarray(x).copy() for x in raw]
+    expected = reference(jax_fn, raw)
+    with pytest.warns(RuntimeWarning, match="The draws are intact"):
+        outputs, plan = _postprocess.run(
+            jax_fn, raw, None, "chunked", True, chunk_size=40, output_memory="host"
+        )
+    assert attempts == [40, 20, 10] and plan.output_memory == "host"
+    assert_same(outputs, expected)
+    passed = {k for k in problem_of(jax_fn, raw).forwarded if k is not None}
+    assert all(x.is_deleted() == (i not in passed) for i, x in enumerate(raw))
+
+    monkeypatch.setattr(_postprocess, "execute", lambda exe, samples, tuner=None: (_ for _ in ()).throw(out_of_memory()))  # fmt: skip
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 4)]
+    copies = [np.asarray(x).copy() for x in raw]
+    with pytest.warns(RuntimeWarning), pytest.raises(MemoryError, match="draws are intact"):
+        pc.postprocess_samples(jax_fn, raw, None, "chunked", True, chunk_size=4, output_memory="host")  # fmt: skip
+    assert_intact(raw, copies)
