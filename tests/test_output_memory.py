@@ -114,7 +114,8 @@ def test_bad_output_memory(wide, bad):
     with pytest.raises(ValueError, match="output_memory"):
         pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 2), output_memory=bad)
     with pytest.raises(ValueError, match="applies to the strategies"):
-        pc.postprocess_samples(jax_fn, models.raw_draws(model, 1, 2), None, "vmap", output_memory="host")  # fmt: skip
+        raw = models.raw_draws(model, 1, 2)
+        pc.postprocess_samples(jax_fn, raw, None, "vmap", output_memory="host")
 
 
 def test_out_of_memory_on_the_host_path_keeps_the_draws(wide, monkeypatch):
@@ -143,9 +144,14 @@ def test_out_of_memory_on_the_host_path_keeps_the_draws(wide, monkeypatch):
     passed = {k for k in problem_of(jax_fn, raw).forwarded if k is not None}
     assert all(x.is_deleted() == (i not in passed) for i, x in enumerate(raw))
 
-    monkeypatch.setattr(_postprocess, "execute", lambda exe, samples, tuner=None: (_ for _ in ()).throw(out_of_memory()))  # fmt: skip
+    def always_out_of_memory(exe, samples, tuner=None):
+        raise out_of_memory()
+
+    monkeypatch.setattr(_postprocess, "execute", always_out_of_memory)
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 4)]
     copies = [np.asarray(x).copy() for x in raw]
     with pytest.warns(RuntimeWarning), pytest.raises(MemoryError, match="draws are intact"):
-        pc.postprocess_samples(jax_fn, raw, None, "chunked", True, chunk_size=4, output_memory="host")  # fmt: skip
+        pc.postprocess_samples(
+            jax_fn, raw, None, "chunked", True, chunk_size=4, output_memory="host"
+        )
     assert_intact(raw, copies)
