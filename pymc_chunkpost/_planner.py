@@ -55,17 +55,16 @@ __all__ = [
 
 #: The loop-free `vmap` runs when its compiled temporaries stay under this: below it, a
 #: loop's extra compiles and per-chunk costs outweigh what the temporaries cost in memory
-#: traffic (docs/strategies.md: 120-130 MiB of temporaries still ran fastest without a loop;
-#: 2.4 GiB ran 8x slower than chunks).
+#: traffic; far above it, they go to DRAM and cost more than any loop (docs/strategies.md).
 VMAP_TEMP_BYTES = 256 * 2**20
 #: ...and when its compiled peak is at most this fraction of the budget, leaving room for
 #: whatever else the process allocates meanwhile.
 COMFORT_FRACTION = 0.5
 #: Per-chunk cost of a loop, per buffer it slices or updates, in bytes of work that take as
-#: long (about 1.5 us per buffer per chunk on a 2-core x86 CPU).
+#: long (docs/strategies.md).
 OVERHEAD_BYTES_PER_BUFFER = 64 * 2**10
 #: A host-driven loop runs at most this many chunks on a model with many buffers (each call
-#: costs a dispatch that grows with the buffers: about 1 ms at 400).
+#: costs a dispatch that grows with the buffers).
 HOST_LOOP_MANY_BUFFERS = 48
 HOST_LOOP_MAX_CHUNKS = 64
 #: A compiled chunk whose temporaries exceed this many times the expected is a "jump" (XLA
