@@ -1,5 +1,7 @@
 """pymc_chunkpost: fast, memory-bounded post-processing of PyMC's JAX NUTS draws."""
 
+import importlib.metadata
+
 from ._chunked import chunked_vmap as chunked_vmap
 from ._memory import configure_memory as configure_memory
 from ._patch import is_patched as is_patched
@@ -11,4 +13,7 @@ from ._planner import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
 from ._strategies import STRATEGIES as STRATEGIES
 
-__version__ = "0.1.0"
+try:  # the version is written once, in pyproject.toml
+    __version__ = importlib.metadata.version("pymc-chunkpost")
+except importlib.metadata.PackageNotFoundError:  # imported from a checkout that is not installed
+    __version__ = "0+unknown"
