@@ -162,10 +162,11 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.draws_npz is not None:
             shape = load_draws(model, args.draws_npz)[0].shape[:2]
             chains_text, draws_text = shape
+        elif args.model is not None:  # set above
+            chains_text, draws_text = chains, draws
         else:
-            fixture = FIXTURES[spec]  # a user model has `chains` and `draws` by now
-            chains_text = chains or fixture.chains
-            draws_text = draws or fixture.draws
+            chains_text = chains or FIXTURES[spec].chains
+            draws_text = draws or FIXTURES[spec].draws
     except ValueError as error:
         parser.error(str(error))
     del model
