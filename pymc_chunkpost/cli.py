@@ -128,7 +128,7 @@ def _run_cases(
 def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.list:
         return _list_fixtures()
-    for module in PROFILE_MODULES:
+    for module in PROFILE_MODULES:  # before any work
         require(module)
     from pymc_chunkpost import STRATEGIES
     from pymc_chunkpost.profiling.fixtures import FIXTURES, load_draws, load_model
@@ -236,12 +236,12 @@ def _summary(results: Sequence[CaseResult]) -> str:
 
 
 def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    for module in DEMO_MODULES:  # before any work
+        require(module)
     from pymc_chunkpost.profiling.fixtures import FIXTURES
 
     if args.fixture not in FIXTURES:
         parser.error(f"unknown fixture {args.fixture!r}; choose from {', '.join(FIXTURES)}")
-    for module in DEMO_MODULES:  # before sampling, not after
-        require(module)
     fixture = FIXTURES[args.fixture]
     chains = args.chains or fixture.chains
     draws = args.draws or fixture.draws
