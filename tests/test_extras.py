@@ -25,8 +25,7 @@ def test_a_missing_module_names_the_extra(monkeypatch, module):
     message = str(error.value)
     assert message.splitlines() == [message]
     assert message == (
-        f"{top} is not installed; install it with: "
-        'pip install "pymc-chunkpost[profile]"'
+        f'{top} is not installed; install it with: pip install "pymc-chunkpost[profile]"'
     )
     assert isinstance(error.value, ImportError)
 
