@@ -81,9 +81,9 @@ def check_chunking(
 
 def resolve_chunk_size(n: int, chunk_size: int | None, n_chunks: int | None) -> int:
     """The chunk size actually used for `n` items (at most `n`, at least 1)."""
-    if chunk_size is None and n_chunks is None:
-        return max(n, 1)
     if chunk_size is None:
+        if n_chunks is None:
+            return max(n, 1)
         chunk_size = -(-n // min(int(n_chunks), max(n, 1)))
     return max(1, min(int(chunk_size), n))
 
@@ -142,7 +142,8 @@ def _broadcast_prefix(axes: Any, tree: Any, what: str) -> list[int | None]:
     """Per-leaf axes of `tree`, from `axes` given as a pytree prefix of it (as `jax.vmap`)."""
     axis_leaves, axes_def = jax.tree.flatten(axes, is_leaf=lambda x: x is None)
     try:
-        subtrees = axes_def.flatten_up_to(tree)
+        # A public PyTreeDef method (jax.vmap's own prefix rule) missing from jax's type stubs.
+        subtrees = axes_def.flatten_up_to(tree)  # type: ignore[attr-defined]
     except ValueError as e:
         raise ValueError(f"`{what}` must be a pytree prefix of the {what[:-5]}s: {e}") from None
     return [axis for axis, sub in zip(axis_leaves, subtrees) for _ in jax.tree.leaves(sub)]

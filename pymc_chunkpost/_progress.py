@@ -10,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 __all__ = ["progress_bar", "on_chunk"]
 
 _lock = threading.Lock()
-_active: list = []
+_active: list[Any] = []  # the tqdm bars open now, innermost last
 
 
-def on_chunk(items_done, n_items) -> None:
+def on_chunk(items_done: Any, n_items: Any) -> None:
     """Host callback: `items_done` of `n_items` draws are post-processed."""
     done = int(np.asarray(items_done))
     with _lock:

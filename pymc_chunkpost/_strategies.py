@@ -9,7 +9,7 @@ and write results in place (see `_chunked`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -17,26 +17,37 @@ from ._chunked import _chunked
 
 __all__ = ["STRATEGIES", "STRATEGY_TABLE"]
 
+# A per-chunk host callback: `progress(items_done, n_items)`, or None.
+_Progress = Callable[[jax.Array, int], None] | None
 
-def _vmap(fn, samples, chunk_size, progress):
+
+def _vmap(
+    fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
+) -> list[jax.Array]:
     """Both axes vmapped: pymc's default. Fast; temporaries scale with chains x draws."""
     del chunk_size, progress
     return jax.vmap(jax.vmap(fn))(*samples)
 
 
-def _vmap_scan(fn, samples, chunk_size, progress):
+def _vmap_scan(
+    fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
+) -> list[jax.Array]:
     """Chains vmapped, draws looped: pymc's "scan", without its two swapaxes copies."""
     del chunk_size
     return _chunked(jax.vmap(fn), 1, 1, 1, None, False, progress)(*samples)
 
 
-def _scan_vmap(fn, samples, chunk_size, progress):
+def _scan_vmap(
+    fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
+) -> list[jax.Array]:
     """Chains looped, draws vmapped. Temporaries scale with draws."""
     del chunk_size
     return _chunked(jax.vmap(fn), 0, 0, 1, None, False, progress)(*samples)
 
 
-def _nested_scan(fn, samples, chunk_size, progress):
+def _nested_scan(
+    fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
+) -> list[jax.Array]:
     """Both axes looped, one draw at a time, chain after chain. Smallest temporaries, slowest.
 
     One loop over the flattened chain x draw axis: a loop nested inside a loop over chains
@@ -47,7 +58,9 @@ def _nested_scan(fn, samples, chunk_size, progress):
     return _flat_chunked(fn, samples, 1, progress)
 
 
-def _flat_chunked(fn, samples, chunk_size, progress):
+def _flat_chunked(
+    fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
+) -> list[jax.Array]:
     """The flattened chain x draw axis in chunks of `chunk_size`, vmapped inside a chunk."""
     chains, draws = samples[0].shape[:2]
     flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast

@@ -17,10 +17,21 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import __version__
+from ._extras import MissingExtraError, require
+
+if TYPE_CHECKING:
+    from .profiling.harness import CaseResult
 
 __all__ = ["main"]
 
-DEMO_FIXTURE = "hierarchical_5k"
+DEMO_FIXTURE = "demo_basis_grid"
+#: What `profile` imports beyond the library's own dependencies (the `profile` extra).
+PROFILE_MODULES = ("memray", "matplotlib")
+#: What `demo` imports: `profile`'s, and numpyro to sample.
+DEMO_MODULES = (*PROFILE_MODULES, "numpyro")
 
 
 def _positive_int(text: str) -> int:
@@ -42,6 +53,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         prog="pymc-chunkpost",
         description="Profile and demonstrate memory-bounded post-processing of PyMC JAX draws.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     profile = commands.add_parser(
@@ -77,12 +89,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="sample a bundled model with numpyro, then compare pymc's post-processing and ours",
         description="Sample a bundled model with numpyro (through pymc), save the raw draws, "
         "then post-process them with pymc's default ('vmap') and ours ('auto'), each in a "
-        "fresh process under memray.",
+        "fresh process under memray. The default model's fit on a fine grid makes pymc's "
+        "default hold many times the outputs' bytes; ours stays near them.",
     )
     demo.add_argument("--fixture", default=DEMO_FIXTURE, help=f"default {DEMO_FIXTURE}")
-    demo.add_argument("--chains", type=_positive_int, default=4)
-    demo.add_argument("--draws", type=_positive_int, default=300)
-    demo.add_argument("--tune", type=_positive_int, default=200)
+    demo.add_argument("--chains", type=_positive_int, help="default: the fixture's")
+    demo.add_argument("--draws", type=_positive_int, help="default: the fixture's")
+    demo.add_argument("--tune", type=_positive_int, default=300, help="default 300")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", help="directory for the draws and report (default: a temp dir)")
     return parser, {"profile": profile, "demo": demo}
@@ -97,7 +110,9 @@ def _list_fixtures() -> int:
     return 0
 
 
-def _run_cases(model_spec, cases, out_dir, **kwargs):
+def _run_cases(
+    model_spec: str, cases: Sequence[str], out_dir: str | Path, **kwargs: Any
+) -> list[CaseResult]:
     from tqdm.auto import tqdm
 
     from pymc_chunkpost.profiling.harness import run_case
@@ -113,6 +128,8 @@ def _run_cases(model_spec, cases, out_dir, **kwargs):
 def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.list:
         return _list_fixtures()
+    for module in PROFILE_MODULES:  # before any work
+        require(module)
     from pymc_chunkpost import STRATEGIES
     from pymc_chunkpost.profiling.fixtures import FIXTURES, load_draws, load_model
     from pymc_chunkpost.profiling.harness import BASELINES, case_names
@@ -145,10 +162,11 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.draws_npz is not None:
             shape = load_draws(model, args.draws_npz)[0].shape[:2]
             chains_text, draws_text = shape
+        elif args.model is not None:  # set above
+            chains_text, draws_text = chains, draws
         else:
-            fixture = FIXTURES.get(spec)
-            chains_text = chains or fixture.chains
-            draws_text = draws or fixture.draws
+            chains_text = chains or FIXTURES[spec].chains
+            draws_text = draws or FIXTURES[spec].draws
     except ValueError as error:
         parser.error(str(error))
     del model
@@ -171,21 +189,28 @@ def _profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     )
 
 
-def _finish(results, out_dir, title, command) -> int:
-    from pymc_chunkpost.profiling.report import HOW_MEASURED, table, write_report
+def _finish(results: Sequence[CaseResult], out_dir: str | Path, title: str, command: str) -> int:
+    """Write and print the report; 1 if any case failed or differs from pymc's, else 0."""
+    from pymc_chunkpost.profiling.report import HOW_MEASURED, failures, table, write_report
 
     path = write_report(results, out_dir, title, command)
     print(f"\n{title} (measured with memray, each row a fresh process)\n")
     print(table(results))
     print(f"\n{HOW_MEASURED}\n\nWrote {path} and {path.with_suffix('.png')}")
+    status = 0
+    failed = [r.case for r in results if not r.ok]
+    if failed:
+        print(f"\n{failures(results)}", file=sys.stderr)
+        print(f"{len(failed)} of {len(results)} cases failed: {', '.join(failed)}", file=sys.stderr)
+        status = 1
     wrong = [r.case for r in results if r.equal is False]
     if wrong:
         print(f"Results differ from pymc's for: {', '.join(wrong)}", file=sys.stderr)
-        return 1
-    return 0
+        status = 1
+    return status
 
 
-def _sample(fixture_name: str, chains: int, draws: int, tune: int, seed: int, path: Path):
+def _sample(fixture_name: str, chains: int, draws: int, tune: int, seed: int, path: Path) -> None:
     """Sample with numpyro the way `pymc.sampling.jax.sample_jax_nuts` does; save raw draws."""
     import numpy as np
 
@@ -193,43 +218,74 @@ def _sample(fixture_name: str, chains: int, draws: int, tune: int, seed: int, pa
 
     model = FIXTURES[fixture_name].build()
     raw = sample_raw_draws(model, chains, draws, tune, seed)
-    np.savez(path, **{v.name: np.asarray(x) for v, x in zip(model.value_vars, raw)})
+    arrays: dict[str, Any] = {v.name: np.asarray(x) for v, x in zip(model.value_vars, raw)}
+    np.savez(path, **arrays)
+
+
+def _summary(results: Sequence[CaseResult]) -> str:
+    """One line per successful case: its peak, and how many times the outputs' bytes."""
+    lines = []
+    for r in results:
+        if r.ok and r.peak_bytes is not None and r.output_bytes:
+            floor = r.output_bytes / 2**20
+            lines.append(
+                f"  {r.case:<10} {r.peak_bytes / 2**20:8,.1f} MiB, "
+                f"{r.peak_bytes / r.output_bytes:5.2f} x the outputs' {floor:,.1f} MiB"
+            )
+    return "\n".join(lines)
 
 
 def _demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    for module in DEMO_MODULES:  # before any work
+        require(module)
     from pymc_chunkpost.profiling.fixtures import FIXTURES
 
     if args.fixture not in FIXTURES:
         parser.error(f"unknown fixture {args.fixture!r}; choose from {', '.join(FIXTURES)}")
+    fixture = FIXTURES[args.fixture]
+    chains = args.chains or fixture.chains
+    draws = args.draws or fixture.draws
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="pymc-chunkpost-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     draws_path = out / "raw_draws.npz"
-    print(
-        f"Sampling {args.fixture!r} with numpyro: {args.chains} chains x {args.tune} tune + "
-        f"{args.draws} draws..."
-    )
+    print(f"{args.fixture}: {fixture.description}")
+    print(f"Sampling it with numpyro: {chains} chains x {args.tune} tune + {draws} draws...")
     tic = time.perf_counter()
-    _sample(args.fixture, args.chains, args.draws, args.tune, args.seed, draws_path)
+    _sample(args.fixture, chains, draws, args.tune, args.seed, draws_path)
     print(f"Sampled in {time.perf_counter() - tic:.1f} s; raw draws in {draws_path}.")
     print("Post-processing them with pymc's default and ours, each in a fresh process...")
     results = _run_cases(args.fixture, ["pymc:vmap", "ours:auto"], out, draws_npz=draws_path)
-    return _finish(
+    status = _finish(
         results,
         out,
-        f"Post-processing {args.fixture} after numpyro, {args.chains} chains x {args.draws} draws",
+        f"Post-processing {args.fixture} after numpyro, {chains} chains x {draws} draws",
         args.command_line,
     )
+    summary = _summary(results)
+    if summary:
+        print(f"\nPeak memory of the post-processing call:\n{summary}")
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `pymc-chunkpost`."""
+    """Entry point of `pymc-chunkpost`.
+
+    Returns:
+        0 on success; 1 when a case failed, a result differs from pymc's, or an optional
+        dependency is missing (one line names the extra to install); argparse exits with 2
+        on bad arguments.
+    """
     parser, commands = _parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.command_line = "pymc-chunkpost " + shlex.join(argv)
-    if args.command == "profile":
-        return _profile(commands["profile"], args)
-    return _demo(commands["demo"], args)
+    try:
+        if args.command == "profile":
+            return _profile(commands["profile"], args)
+        return _demo(commands["demo"], args)
+    except MissingExtraError as error:
+        print(f"pymc-chunkpost: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
 
-from pymc_chunkpost.cli import main
+from pymc_chunkpost.cli import DEMO_MODULES, PROFILE_MODULES, main
 from pymc_chunkpost.profiling.fixtures import FIXTURES, raw_draws
 
 
@@ -58,6 +59,7 @@ def test_profile_writes_report_with_equal_rows(tmp_path, capsys):
     rows = _rows(report)
     assert set(rows) == {"pymc:vmap", "ours:chunked", "ours:auto"}
     assert all(cells[-1] == "yes" for cells in rows.values())
+    assert all(float(cells[2].rstrip("x")) >= 1.0 for cells in rows.values())  # x floor
     assert "memray" in report and "2 chains x 10 draws" in report
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for case in rows:
@@ -102,3 +104,64 @@ def test_demo_samples_and_compares(tmp_path, capsys):
     rows = _rows((out / "report.md").read_text())
     assert set(rows) == {"pymc:vmap", "ours:auto"}
     assert all(cells[-1] == "yes" for cells in rows.values())
+
+
+@pytest.mark.parametrize(
+    "command, missing",
+    [("demo", name) for name in DEMO_MODULES] + [("profile", name) for name in PROFILE_MODULES],
+)
+def test_a_missing_extra_is_one_line_before_any_work(
+    command, missing, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, missing, None)  # `import missing` fails, as if not installed
+    out = tmp_path / "out"
+    assert main([command, "--fixture", "eight_schools", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"pymc-chunkpost: {missing} is not installed; install it with: "
+        'pip install "pymc-chunkpost[profile]"'
+    ]
+    assert "Traceback" not in captured.out
+    assert not out.exists()  # nothing was sampled or profiled
+
+
+def test_list_needs_no_extra(monkeypatch, capsys):
+    for name in DEMO_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["profile", "--list"]) == 0
+    assert "eight_schools" in capsys.readouterr().out
+
+
+def test_version(capsys):
+    import pymc_chunkpost
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.split() == ["pymc-chunkpost", pymc_chunkpost.__version__]
+
+
+def test_profile_fails_when_a_case_crashed(tmp_path, capsys):
+    # The builder loads in this process (which checks the model) and crashes in the child.
+    source = tmp_path / "crash_model.py"
+    source.write_text(
+        "import sys\n"
+        "import pymc as pm\n"
+        "def build():\n"
+        "    if '--case' in sys.argv:\n"
+        "        raise RuntimeError('boom in the child')\n"
+        "    with pm.Model() as m:\n"
+        "        pm.Normal('x', 0.0, 1.0)\n"
+        "    return m\n"
+    )
+    out = tmp_path / "out"
+    argv = ["profile", "--model", f"{source}:build", "--chains", "1", "--draws", "3"]
+    argv += ["--strategies", "auto", "--baselines", "", "--out", str(out)]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "ours:auto failed:" in captured.err
+    assert "RuntimeError: boom in the child" in captured.err
+    assert "1 of 1 cases failed: ours:auto" in captured.err
+    assert _rows(captured.out)["ours:auto"][1] == "**failed** (see below)"
+    report = (out / "report.md").read_text()
+    assert "## Failures" in report and "RuntimeError: boom in the child" in report

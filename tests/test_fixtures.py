@@ -134,3 +134,26 @@ def test_raw_draws_rejects_bad_counts(chains, draws):
     model = FIXTURES["eight_schools"].build()
     with pytest.raises(ValueError, match="positive int"):
         raw_draws(model, chains, draws, seed=0)
+
+
+def test_demo_fixture_shows_the_problem():
+    # The demo's claim, from XLA's own memory analysis at the demo's size (no 1 GB run):
+    # pymc's default holds several times the outputs' bytes; `auto` stays near them.
+    import jax
+
+    import pymc_chunkpost as pc
+
+    fixture = FIXTURES["demo_basis_grid"]
+    model = fixture.build()
+    fn = jax_fn(model)
+    raw = [jax.numpy.asarray(x) for x in fixture.raw_draws(model)]
+
+    def pymc_default(samples):
+        return _postprocess_samples(fn, samples, None, "vmap")
+
+    floor = sum(y.size * y.dtype.itemsize for y in jax.eval_shape(pymc_default, raw))
+    analysis = jax.jit(pymc_default).lower(raw).compile().memory_analysis()
+    assert analysis.temp_size_in_bytes > 8 * floor
+    plan = pc.plan(fn, raw)
+    assert plan.strategy != "vmap"
+    assert floor <= plan.peak_bytes < 1.2 * floor

@@ -226,6 +226,36 @@ def lkj(n_dims: int = 20, n_obs: int = 500) -> pm.Model:
     return model
 
 
+def demo_basis_grid(n_obs: int = 200, n_grid: int = 4000, n_centers: int = 16) -> pm.Model:
+    """A smooth fit from Gaussian bumps of sampled width, evaluated on a fine grid.
+
+    `f_grid` is what one plots: the fit at `n_grid` points. Each draw computes it through an
+    `n_grid` x `n_centers` basis that depends on the sampled width `ls`, so the basis cannot
+    be folded into a constant: pymc's "vmap" holds every draw's basis at once, about
+    `n_centers` times the outputs' bytes, while a chunked map holds one chunk's. The
+    likelihood reads only the `n_obs` observations, so sampling stays fast; the width's prior
+    keeps neighbouring bumps apart (about half their spacing), so NUTS needs short trees.
+    """
+    rng = np.random.default_rng(16)
+    x = np.sort(rng.uniform(0.0, 10.0, n_obs))
+    y = np.sin(x) + 0.3 * rng.standard_normal(n_obs)
+    centers = np.linspace(0.0, 10.0, n_centers)
+    grid = np.linspace(0.0, 10.0, n_grid)
+    spacing = centers[1] - centers[0]
+    with pm.Model() as model:
+        ls = pm.Gamma("ls", alpha=400.0, beta=400.0 / (0.5 * spacing))
+        w = pm.Normal("w", 0.0, 1.0, shape=n_centers)
+        sigma = pm.HalfNormal("sigma", 1.0)
+
+        def fit(at: np.ndarray):
+            basis = pm.math.exp(-0.5 * ((at[:, None] - centers[None, :]) / ls) ** 2)
+            return pm.math.dot(basis, w)
+
+        pm.Normal("y", fit(x), sigma, observed=y)
+        pm.Deterministic("f_grid", fit(grid))
+    return model
+
+
 def big_det(n_obs: int = 20_000, n_features: int = 10) -> pm.Model:
     """A regression with a 20k-point deterministic `mu = X @ beta` (640 MB at 4 x 1000)."""
     rng = np.random.default_rng(20_000)
@@ -262,6 +292,13 @@ FIXTURES: dict[str, Fixture] = {
         Fixture("lkj", "LKJCholeskyCov(n=20) + MvNormal; correlation deterministics", lkj),
         Fixture("big_det", "regression with a 20k-point deterministic mu = X @ beta", big_det),
         Fixture("many_scalars", "200 scalar HalfNormals + their sum", many_scalars),
+        Fixture(
+            "demo_basis_grid",
+            "radial-basis regression, its fit on a 4000-point grid: pymc's vmap holds a "
+            "4000 x 16 basis per draw (the demo's)",
+            demo_basis_grid,
+            draws=500,
+        ),
     ]
 }
 
@@ -291,8 +328,9 @@ def load_model(spec: str) -> pm.Model:
     elif Path(spec).suffix in (".p", ".pkl", ".pickle"):
         if not Path(spec).is_file():
             raise ValueError(f"Model file {spec!r} does not exist.")
-        import cloudpickle
+        from .._extras import require
 
+        cloudpickle = require("cloudpickle")
         with open(spec, "rb") as f:
             model = cloudpickle.load(f)
     else:
@@ -309,6 +347,8 @@ def _load_builder(path: Path, name: str) -> Callable[[], pm.Model]:
     if not path.is_file():
         raise ValueError(f"Model file {str(path)!r} does not exist.")
     module_spec = importlib.util.spec_from_file_location(f"_user_model_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"Cannot import {str(path)!r} as a Python module.")
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     builder = getattr(module, name, None)

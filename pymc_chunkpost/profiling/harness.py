@@ -30,7 +30,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["CaseResult", "BASELINES", "case_names", "run_case"]
 
@@ -39,6 +44,8 @@ BASELINES: tuple[str, ...] = ("vmap", "scan")
 #: Draws per block when computing pymc's reference.
 _REFERENCE_BLOCK_DRAWS = 250
 _RTOL, _ATOL = 1e-10, 1e-12
+#: Lines of a failed child's output kept in `CaseResult.error`.
+_ERROR_LINES = 8
 
 
 @dataclasses.dataclass
@@ -49,6 +56,7 @@ class CaseResult:
         case: "ours:<strategy>" or "pymc:<strategy>".
         ok: the child exited cleanly.
         peak_bytes: memray's high-water mark of the tracked call.
+        output_bytes: the outputs' bytes: the floor that no strategy can go below.
         allocations: memray's count of allocations in the tracked call.
         wall_seconds: wall time of the tracked call (trace, compile and run).
         compile_seconds: XLA compile seconds (see module docstring for how).
@@ -56,12 +64,13 @@ class CaseResult:
         plan: ours only: strategy and chunk size that ran.
         equal: every output `np.allclose` to pymc's "vmap"; None if not compared.
         max_abs_diff: the largest absolute difference to the reference.
-        error: the child's last lines of output when it failed.
+        error: the child's last lines of output when it failed, one per line.
     """
 
     case: str
     ok: bool = False
     peak_bytes: int | None = None
+    output_bytes: int | None = None
     allocations: int | None = None
     wall_seconds: float | None = None
     compile_seconds: float | None = None
@@ -72,7 +81,7 @@ class CaseResult:
     error: str = ""
 
 
-def case_names(strategies, baselines=BASELINES) -> list[str]:
+def case_names(strategies: Sequence[str], baselines: Sequence[str] = BASELINES) -> list[str]:
     """Case names: pymc's baselines first, then ours."""
     return [f"pymc:{s}" for s in baselines] + [f"ours:{s}" for s in strategies]
 
@@ -141,8 +150,8 @@ def run_case(
     except subprocess.TimeoutExpired:
         return CaseResult(case, error=f"timed out after {timeout} s")
     if proc.returncode != 0 or not result_path.is_file():
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-        return CaseResult(case, error=f"exit code {proc.returncode}: " + " | ".join(tail))
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-_ERROR_LINES:]
+        return CaseResult(case, error="\n".join([f"exit code {proc.returncode}:", *tail]))
     return CaseResult(**json.loads(result_path.read_text()))
 
 
@@ -150,7 +159,7 @@ def run_case(
 # The child.
 
 
-def _parse(argv):
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pymc_chunkpost.profiling.harness", description=__doc__
     )
@@ -166,7 +175,14 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-def _numpy_draws(model, spec, chains, draws, seed, draws_npz):
+def _numpy_draws(
+    model: Any,
+    spec: str,
+    chains: int | None,
+    draws: int | None,
+    seed: int,
+    draws_npz: str | None,
+) -> list[np.ndarray]:
     from .fixtures import FIXTURES, load_draws, raw_draws
 
     if draws_npz is not None:
@@ -179,7 +195,7 @@ def _numpy_draws(model, spec, chains, draws, seed, draws_npz):
     return raw_draws(model, chains, draws, seed)
 
 
-def _pymc_compile_seconds(jax_fn, strategy, specs) -> float:
+def _pymc_compile_seconds(jax_fn: Callable, strategy: str, specs: list) -> float:
     """XLA compile seconds of pymc's post-processing, as one jitted function."""
     import jax
     from pymc.sampling.jax import _postprocess_samples
@@ -193,7 +209,9 @@ def _pymc_compile_seconds(jax_fn, strategy, specs) -> float:
     return time.perf_counter() - tic
 
 
-def _compare(jax_fn, numpy_draws, outputs) -> tuple[bool, float]:
+def _compare(
+    jax_fn: Callable, numpy_draws: list[np.ndarray], outputs: Sequence
+) -> tuple[bool, float]:
     """Every output against pymc's "vmap" on the same draws, in blocks of draws."""
     import jax
     import numpy as np
@@ -218,7 +236,7 @@ def _compare(jax_fn, numpy_draws, outputs) -> tuple[bool, float]:
     return equal, worst
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run one case and write its JSON result."""
     args = _parse(argv)
     source, _, strategy = args.case.partition(":")
@@ -232,10 +250,12 @@ def main(argv=None) -> int:
         )
 
     import jax
-    import memray
     from pymc.sampling.jax import _postprocess_samples
 
+    from pymc_chunkpost._extras import require
     from pymc_chunkpost._postprocess import run
+
+    memray = require("memray")
 
     from .fixtures import jax_fn as make_jax_fn
     from .fixtures import load_model
@@ -255,7 +275,7 @@ def main(argv=None) -> int:
 
     capture = Path(args.capture)
     capture.unlink(missing_ok=True)
-    result = {"case": args.case, "ok": True}
+    result: dict[str, Any] = {"case": args.case, "ok": True}
     with memray.Tracker(capture, file_format=memray.FileFormat.ALL_ALLOCATIONS):
         tic = time.perf_counter()
         if source == "ours":
@@ -268,6 +288,7 @@ def main(argv=None) -> int:
     metadata = memray.FileReader(capture).metadata
     result["peak_bytes"] = metadata.peak_memory
     result["allocations"] = metadata.total_allocations
+    result["output_bytes"] = sum(int(y.nbytes) for y in outputs)
 
     if source == "ours":
         result["compile_seconds"] = plan.compile_seconds
