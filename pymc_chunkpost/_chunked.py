@@ -23,6 +23,10 @@ checked in the compiled HLO (jax 0.10 and 0.12, CPU) and measured in
 `memory_analysis()` that no full-size cotangent is materialised per chunk. Reading the mapped
 inputs through the scan's `xs` instead would only apply to a leading axis that the chunk
 divides, and bought nothing measurable, so the loop keeps one path for every axis.
+
+A mapped axis split over several devices stays split: `jax.shard_map` hands each device its
+own part, and the chunked loop runs inside each shard (docs/chunked_vmap.md). Without it, XLA
+would gather the whole mapped axis onto every device to `dynamic_slice` it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
 __all__ = ["chunked_vmap", "check_chunking", "resolve_chunk_size"]
 
@@ -157,8 +163,18 @@ def chunked_vmap(
     chunk_size: int | None = None,
     n_chunks: int | None = None,
     remat: bool = True,
+    axis_name: str | tuple[str, ...] | None = None,
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
 ) -> Callable:
     """Like `jax.vmap(f, in_axes, out_axes)`, evaluated `chunk_size` items at a time.
+
+    A mapped axis split over several devices stays split: each device runs the chunked loop
+    over its own part (`jax.shard_map`), and the outputs are split the same way along their
+    `out_axes`. The split is read from the mapped arguments where JAX can tell it: arrays
+    passed outside `jit`, and, inside `jit`, arrays whose mesh axes are `Explicit`. Inside
+    `jit` with JAX's default (`Auto`) axes the split is unknown while tracing: pass
+    `axis_name` (and `mesh`, unless one is set with `jax.set_mesh`). Without a split, XLA
+    gathers the whole mapped axis onto every device to slice it.
 
     Args:
         f: the function to map.
@@ -179,22 +195,146 @@ def chunked_vmap(
             pass (`jax.checkpoint`), so that it holds one chunk's residuals instead of all
             of them. Costs one extra forward evaluation of `f` in the backward pass. Without
             it the forward pass stores every chunk's residuals: as much as `jax.vmap`.
+        axis_name: the mesh axis (or axes) that split the mapped axis over devices. The
+            chunk size, or `n_chunks`, is then per device, and the mapped length must be a
+            multiple of the number of pieces. Broadcast (`None`) arguments are whole on every
+            device, and outputs with `out_axes=None` come from the first device. Costs
+            nothing where the arguments are already split that way; otherwise XLA moves
+            them into place first. None: split as the arguments are (see above), or not.
+        mesh: the mesh of `axis_name`; None means the mesh set with `jax.set_mesh` (or
+            `jax.sharding.use_mesh`). Only with `axis_name`.
 
     Returns:
         A function with the signature of `jax.vmap(f, in_axes, out_axes)`. With
         `chunk_size=None` and `n_chunks=None` it *is* `jax.vmap(f, in_axes, out_axes)`.
 
     Raises:
-        ValueError: bad `chunk_size`/`n_chunks` (raised here, before tracing), or mapped
-            arguments whose sizes disagree (raised when called).
+        ValueError: bad `chunk_size`/`n_chunks`, `axis_name` or `mesh` (raised here, before
+            tracing), or, when called: mapped arguments whose sizes disagree, no mesh for
+            `axis_name`, or a mapped length that its pieces do not divide.
         TypeError: `in_axes`/`out_axes` that are not ints (or `None`), raised here.
     """
     check_chunking(chunk_size, n_chunks)
     _check_axes(in_axes, "in_axes", allow_none=True)
     _check_axes(out_axes, "out_axes", allow_none=True)
+    axis_name = _check_split(axis_name, mesh)
     if chunk_size is None and n_chunks is None:
         return jax.vmap(f, in_axes, out_axes)
-    return _chunked(f, in_axes, out_axes, chunk_size, n_chunks, remat, on_chunk=None)
+    return _chunked(
+        f, in_axes, out_axes, chunk_size, n_chunks, remat, None, axis_name=axis_name, mesh=mesh
+    )
+
+
+def _check_split(axis_name: Any, mesh: Any) -> tuple[str, ...] | None:
+    """`axis_name` as a tuple of mesh axis names, validated with `mesh` before tracing."""
+    if axis_name is None:
+        if mesh is not None:
+            raise ValueError(
+                f"`mesh` was given without `axis_name` (mesh axes {tuple(mesh.axis_names)}). "
+                "Pass `axis_name=` the mesh axis (or axes) that split the mapped axis."
+            )
+        return None
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    if (
+        not isinstance(names, tuple | list)
+        or not names
+        or not all(isinstance(a, str) for a in names)
+    ):
+        raise ValueError(
+            f"`axis_name` must be a mesh axis name or a tuple of them, got {axis_name!r}. "
+            "Pass `axis_name=None` to split as the arguments are split."
+        )
+    names = tuple(names)
+    if mesh is not None:
+        if not isinstance(mesh, jax.sharding.Mesh | jax.sharding.AbstractMesh):
+            raise ValueError(
+                f"`mesh` must be a `jax.sharding.Mesh` or None, got {type(mesh).__name__}."
+            )
+        _check_names(names, mesh)
+    return names
+
+
+def _check_names(names: tuple[str, ...], mesh) -> None:
+    missing = [a for a in names if a not in mesh.axis_names]
+    if missing:
+        raise ValueError(
+            f"`axis_name={names if len(names) > 1 else names[0]!r}` names {missing}, which "
+            f"the mesh does not have; its axes are {tuple(mesh.axis_names)}."
+        )
+
+
+def _pieces(mesh, names: tuple[str, ...]) -> int:
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    return int(np.prod([sizes[a] for a in names], dtype=np.int64))
+
+
+def _context_mesh():
+    """The mesh set with `jax.set_mesh` / `jax.sharding.use_mesh`, or None."""
+    get = getattr(jax.sharding, "get_abstract_mesh", None)
+    mesh = get() if get is not None else None
+    return mesh if mesh is not None and mesh.axis_names else None
+
+
+def _split_of(x, axis: int):
+    """(mesh, axis names) that split axis `axis` of `x`, where JAX can tell; else None.
+
+    A concrete array knows its sharding; a traced one knows it only for `Explicit` mesh axes
+    (`jax.typeof`): with `Auto` axes, its type's spec is all None while tracing.
+    """
+    try:
+        sharding = x.sharding  # concrete arrays
+    except AttributeError:  # a tracer (or not an array)
+        typeof = getattr(jax, "typeof", None)
+        if typeof is None or not hasattr(x, "shape"):
+            return None
+        sharding = getattr(typeof(x), "sharding", None)
+    if not isinstance(sharding, NamedSharding):
+        return None
+    spec = tuple(sharding.spec) + (None,) * (len(x.shape) - len(sharding.spec))
+    entry = spec[axis]
+    if entry is None:
+        return None
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    return (sharding.mesh, names) if names else None
+
+
+def _find_split(leaves, leaf_axes, n: int, axis_name, mesh):
+    """The mesh and axis names that split the mapped axis, or None (one device's loop)."""
+    if axis_name is not None:
+        mesh = mesh if mesh is not None else _context_mesh()
+        if mesh is None:
+            raise ValueError(
+                f"`axis_name={axis_name!r}` needs a mesh: pass `mesh=`, or call under "
+                "`jax.set_mesh(mesh)`."
+            )
+        _check_names(axis_name, mesh)
+        pieces = _pieces(mesh, axis_name)
+        if n % pieces:
+            raise ValueError(
+                f"The mapped length {n} is not a multiple of the {pieces} pieces of "
+                f"`axis_name={axis_name!r}`. Pass a length that they divide, or "
+                "`axis_name=None`."
+            )
+        return mesh, axis_name
+    for x, axis in zip(leaves, leaf_axes):
+        found = None if axis is None else _split_of(x, axis)
+        if found is not None and _pieces(*found) > 1:  # JAX splits arrays only evenly
+            return found
+    return None
+
+
+def shard_map_unchecked(fn: Callable, mesh, in_specs, out_specs) -> Callable:
+    """`jax.shard_map` without the replication check (`f` may use any primitive)."""
+    try:  # jax >= 0.7 names the replication check `check_vma`
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    except TypeError:
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+def _spec(axis: int | None, names: tuple[str, ...]) -> PartitionSpec:
+    if axis is None:
+        return PartitionSpec()
+    return PartitionSpec(*(None,) * axis, names if len(names) > 1 else names[0])
 
 
 def _chunked(
@@ -205,11 +345,15 @@ def _chunked(
     n_chunks: int | None,
     remat: bool,
     on_chunk: Callable[[jax.Array, int], None] | None,
+    *,
+    axis_name: tuple[str, ...] | None = None,
+    mesh=None,
 ) -> Callable:
     """The implementation of `chunked_vmap`, with an optional per-chunk host callback.
 
     `on_chunk(items_done, n_items)` is called through `jax.debug.callback` after every few
-    chunks (at most about `PROGRESS_UPDATES` times) and after the last.
+    chunks (at most about `PROGRESS_UPDATES` times) and after the last; on a split axis, by
+    every device for its own part.
     """
 
     def f_kwargs(args, kwargs):
@@ -241,7 +385,6 @@ def _chunked(
         if len(sizes) > 1:
             raise ValueError(f"Mapped arguments disagree on the mapped size: {sorted(sizes)}.")
         (n,) = sizes
-        size = resolve_chunk_size(n, chunk_size, n_chunks)
 
         def apply(start, length, leaves):
             sliced = [
@@ -250,6 +393,35 @@ def _chunked(
             ]
             return jax.vmap(f_kwargs, call_axes, out_axes)(*jax.tree.unflatten(treedef, sliced))
 
+        split = None if n == 0 else _find_split(leaves, leaf_axes, n, axis_name, mesh)
+        if split is None:
+            return loop(apply, leaves, n)
+        split_mesh, names = split
+        n_local = n // _pieces(split_mesh, names)
+        # The outputs' structure, from shapes alone: slicing a traced array whose type says
+        # it is split (`Explicit` axes) into one item would not type-check.
+        shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+        out_shape = jax.eval_shape(lambda *xs: apply(0, 1, list(xs)), *shapes)
+        out_leaves_shape, out_treedef = jax.tree.flatten(out_shape)
+        out_leaf_axes = [
+            _normalise_axis(ax, len(s.shape), "out_axes")
+            for s, ax in zip(out_leaves_shape, _broadcast_prefix(out_axes, out_shape, "out_axes"))
+        ]
+
+        def local(*local_leaves):
+            return jax.tree.leaves(loop(apply, list(local_leaves), n_local))
+
+        outs = shard_map_unchecked(
+            local,
+            split_mesh,
+            tuple(_spec(ax, names) for ax in leaf_axes),
+            [_spec(ax, names) for ax in out_leaf_axes],
+        )(*leaves)
+        return jax.tree.unflatten(out_treedef, outs)
+
+    def loop(apply, leaves, n):
+        """The chunked loop over `n` items of `leaves` (one device's, or one shard's)."""
+        size = resolve_chunk_size(n, chunk_size, n_chunks)
         if size >= n:  # One chunk: plain vmap, no loop.
             return apply(0, n, leaves)
 

@@ -21,12 +21,15 @@ _ALLOCATORS = ("default", "platform", "bfc", "cuda_async")
 def resolve_device(postprocessing_backend: str | None) -> jax.Device:
     """The device for `postprocessing_backend` (`None`, "cpu" or "gpu"), as pymc has it.
 
+    The first device of this process: under `jax.distributed`, `jax.devices()[0]` may belong
+    to another process.
+
     Raises:
         ValueError: for an unknown backend, or one that this JAX install does not have. The
             message names the backends that are available.
     """
     if postprocessing_backend is None:
-        return jax.devices()[0]
+        return jax.local_devices()[0]
     available = _available_backends()
     if not isinstance(postprocessing_backend, str) or postprocessing_backend not in (
         "cpu",
@@ -40,7 +43,7 @@ def resolve_device(postprocessing_backend: str | None) -> jax.Device:
             f"default device) or one of the available backends: {available}."
         )
     try:
-        return jax.devices(postprocessing_backend)[0]
+        return jax.local_devices(backend=postprocessing_backend)[0]
     except RuntimeError:
         raise ValueError(
             f"`postprocessing_backend={postprocessing_backend!r}` is not available in this JAX "

@@ -181,11 +181,11 @@ def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
     no statistics, as with `XLA_PYTHON_CLIENT_ALLOCATOR=platform`): the plan then has no
     limit, and the out-of-memory retry is what keeps the draws safe. A warning says so.
     """
-    shards = problem.n_shards
+    shards = problem.n_local_shards
     if memory_budget is not None:
         return int(memory_budget) // shards
     placement, cpu = problem.placement, problem.device.platform == "cpu"
-    devices = [problem.device] if placement.mesh is None or cpu else placement.mesh.devices.flat
+    devices = [problem.device] if placement.mesh is None or cpu else placement.local_devices
     frees = [free_bytes(d) for d in devices]
     if any(free is None for free in frees):
         warn(

@@ -78,6 +78,13 @@ class Placement:
     def n_devices(self) -> int:
         return 1 if self.mesh is None else self.mesh.devices.size
 
+    @property
+    def local_devices(self) -> list[jax.Device]:
+        """The devices of the mesh that this process drives (all, but under `jax.distributed`)."""
+        if self.mesh is None:
+            return [self.device]
+        return [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -136,6 +143,16 @@ class Problem:
     @property
     def n_shards(self) -> int:
         return self.placement.n_shards
+
+    @property
+    def n_local_shards(self) -> int:
+        """Shards on this process's devices: all of them, but under `jax.distributed`."""
+        placement = self.placement
+        if placement.mesh is None:
+            return 1
+        shape = self.in_specs[0].shape
+        index = placement.sharding.addressable_devices_indices_map(shape)
+        return len({tuple(s.indices(n) for s, n in zip(i, shape)) for i in index.values()})
 
     @property
     def input_bytes(self) -> int:
@@ -278,21 +295,38 @@ def locate(samples: Sequence, device: jax.Device | None) -> Placement:
             isinstance(s, NamedSharding) and s.mesh == first.mesh and _leading_spec(s) == spec
             for s in shardings
         )
-        mesh = first.mesh
-        if same and spec is not None and isinstance(mesh, Mesh):
-            # The first device this process addresses stands for all (its platform, its
-            # memory): under `jax.distributed` the mesh also holds other processes' devices.
-            local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-            if device is None or device.platform == local[0].platform:
-                reason = f"the draws' own sharding over {mesh.devices.size} devices"
-                placement = Placement(local[0], mesh, spec, reason)
-                if placement.n_shards > 1:
-                    return placement
+        devices = list(first.mesh.devices.flat) if same else []
+        if same and (device is None or device.platform == devices[0].platform):
+            # Under `jax.distributed` the mesh spans every process's devices: the one that
+            # stands for all (memory statistics, platform) must be one this process has.
+            here = [d for d in devices if d.process_index == jax.process_index()]
+            placement = Placement(
+                (here or devices)[0],
+                first.mesh,
+                spec,
+                f"the draws' own sharding over {len(devices)} devices",
+            )
+            if placement.n_shards > 1:
+                return placement
+    remote = [i for i, x in enumerate(samples) if _spans_processes(x)]
+    if remote:
+        raise ValueError(
+            f"`raw_mcmc_samples[{remote[0]}]` spans several processes (`jax.distributed`) "
+            f"with sharding {samples[remote[0]].sharding}, which cannot run where it is: "
+            "every array needs the same `NamedSharding` over one mesh, split on the chain "
+            "and/or draw axes only, and `postprocessing_backend` must be None or the draws' "
+            "platform. Nothing is moved across processes; reshard the draws that way first "
+            "(e.g. `jax.make_array_from_process_local_data` with `PartitionSpec('chain')`)."
+        )
     if device is not None:
         return Placement(device)
     if first is not None and len(first.device_set) == 1:
         return Placement(next(iter(first.device_set)))
-    return Placement(jax.devices()[0])
+    return Placement(jax.local_devices()[0])
+
+
+def _spans_processes(x) -> bool:
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
 
 
 def _leading_spec(sharding) -> tuple | None:
