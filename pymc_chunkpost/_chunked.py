@@ -324,11 +324,12 @@ def _find_split(leaves, leaf_axes, n: int, axis_name, mesh):
 
 
 def shard_map_unchecked(fn: Callable, mesh, in_specs, out_specs) -> Callable:
-    """`jax.shard_map` without the replication check (`f` may use any primitive)."""
-    try:  # jax >= 0.7 names the replication check `check_vma`
-        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    except TypeError:
-        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+    """`jax.shard_map` without the replication check: the outputs are per-shard results, and
+    `fn` may use any primitive. Newer jax names the check `check_vma`, older `check_rep`."""
+    params = inspect.signature(jax.shard_map).parameters
+    check = {"check_vma" if "check_vma" in params else "check_rep": False}
+    shard_map: Any = jax.shard_map
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **check)
 
 
 def _spec(axis: int | None, names: tuple[str, ...]) -> PartitionSpec:

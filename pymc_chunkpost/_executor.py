@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import enum
-import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from ._cache import FunctionCache
-from ._chunked import chunk_start, read_slice, write_slice
+from ._chunked import chunk_start, read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
 from ._problem import Problem
 from ._progress import on_chunk
@@ -279,7 +278,7 @@ def _per_shard(fn: Callable, problem: Problem, n_mapped: int) -> Callable:
         in_specs = specs_of(args)
         out_shape = jax.eval_shape(fn, *_local_shapes(args, problem, n_mapped))
         out_specs = jax.tree.map(lambda _: spec, out_shape)
-        mapped = _shard_map(fn, placement.mesh, in_specs, out_specs)
+        mapped = shard_map_unchecked(fn, placement.mesh, in_specs, out_specs)
         return mapped(*args)
 
     return sharded
@@ -295,15 +294,6 @@ def _local_shapes(args, problem: Problem, n_mapped: int):
         return jax.ShapeDtypeStruct((chains, draws) + tuple(x.shape[2:]), x.dtype)
 
     return [jax.tree.map(local, a) if i < n_mapped else a for i, a in enumerate(args)]
-
-
-def _shard_map(fn, mesh, in_specs, out_specs):
-    # The outputs are per-shard results, not replicated values: no replication check. Newer
-    # jax names it `check_vma`, older `check_rep`.
-    params = inspect.signature(jax.shard_map).parameters
-    check = {"check_vma" if "check_vma" in params else "check_rep": False}
-    shard_map: Any = jax.shard_map
-    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **check)
 
 
 def _flat(xs, n: int):
@@ -352,7 +342,7 @@ def execute(
     exe: Executable,
     samples: Sequence[jax.Array],
     tuner: Any = None,
-) -> list[jax.Array]:
+) -> list[Any]:
     """Run a compiled plan. Donated buffers that XLA cannot reuse are not worth a warning.
 
     `tuner`, for `Loop.HOST` only, is the planner's online tuner (see `_planner.Tuner`): the

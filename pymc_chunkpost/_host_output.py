@@ -232,7 +232,7 @@ def stream_to_host(
     n = int(n_items)
     samples = list(samples)
     lead = tuple(samples[0].shape[:2]) if samples else None
-    if samples and lead[0] * lead[1] != n:
+    if lead is not None and lead[0] * lead[1] != n:
         raise ValueError(
             f"`n_items`={n} does not match the samples' (chains, draws)={lead}. Pass "
             f"`n_items={lead[0] * lead[1]}`."

@@ -373,7 +373,7 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
             options["postprocessing_vectorize"] = "auto"
         _check_options(options, kwargs.get("postprocessing_backend"))
         session = _Session(
-            strategy=options["postprocessing_vectorize"],
+            strategy=str(options["postprocessing_vectorize"]),
             chunk_size=options["postprocessing_chunk_size"],
             n_chunks=options["postprocessing_n_chunks"],
             memory_budget=options["postprocessing_memory_budget"],
@@ -411,9 +411,9 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
     # pymc's signature plus the plugin's options, for `help()` and `inspect`.
     parameters = list(inspect.signature(original).parameters.values())
     extra = [_P(name, _P.KEYWORD_ONLY, default=None) for name in list(OPTIONS)[1:]]
-    sample_jax_nuts.__signature__ = inspect.signature(original).replace(
-        parameters=parameters[:-1] + extra + parameters[-1:]
-    )
+    signature = inspect.signature(original)
+    signature = signature.replace(parameters=parameters[:-1] + extra + parameters[-1:])
+    vars(sample_jax_nuts)["__signature__"] = signature
     return sample_jax_nuts
 
 

@@ -152,7 +152,7 @@ def run(
     *,
     chunk_size: int | None = None,
     n_chunks: int | None = None,
-    memory_budget: int | None = None,
+    memory_budget: float | None = None,
     progressbar: bool = False,
     output_memory: str = "auto",
 ) -> tuple[list[Any], Plan]:

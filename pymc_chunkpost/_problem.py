@@ -152,7 +152,7 @@ class Problem:
             return 1
         shape = self.in_specs[0].shape
         index = placement.sharding.addressable_devices_indices_map(shape)
-        return len({tuple(s.indices(n) for s, n in zip(i, shape)) for i in index.values()})
+        return len({tuple(s.indices(n) for s, n in zip(i or (), shape)) for i in index.values()})
 
     @property
     def input_bytes(self) -> int:
@@ -200,10 +200,8 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
     lead = in_specs[0].shape[:2]
     per_draw = [jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs]
     closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
-    invars = list(closed.jaxpr.invars)
-    forwarded = tuple(
-        invars.index(v) if any(v is w for w in invars) else None for v in closed.jaxpr.outvars
-    )
+    position = {id(v): i for i, v in enumerate(closed.jaxpr.invars)}
+    forwarded = tuple(position.get(id(v)) for v in closed.jaxpr.outvars)
     out_specs = tuple(
         jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in closed.out_avals
     )
@@ -295,14 +293,19 @@ def locate(samples: Sequence, device: jax.Device | None) -> Placement:
             isinstance(s, NamedSharding) and s.mesh == first.mesh and _leading_spec(s) == spec
             for s in shardings
         )
-        devices = list(first.mesh.devices.flat) if same else []
-        if same and (device is None or device.platform == devices[0].platform):
+        mesh = first.mesh
+        devices = list(mesh.devices.flat) if same and isinstance(mesh, Mesh) else []
+        if (
+            spec is not None
+            and devices
+            and (device is None or device.platform == devices[0].platform)
+        ):
             # Under `jax.distributed` the mesh spans every process's devices: the one that
             # stands for all (memory statistics, platform) must be one this process has.
             here = [d for d in devices if d.process_index == jax.process_index()]
             placement = Placement(
                 (here or devices)[0],
-                first.mesh,
+                mesh if isinstance(mesh, Mesh) else None,
                 spec,
                 f"the draws' own sharding over {len(devices)} devices",
             )

@@ -14,6 +14,7 @@ whole file or none.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -86,18 +87,18 @@ def store(key: str, entry: dict[str, Any]) -> bool:
     root = cache_dir()
     if root is None:
         return False
+    tmp = None
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(
             "w", dir=root, prefix=f".{key}.", suffix=".tmp", delete=False
         ) as f:
-            json.dump({"format": FORMAT, **entry}, f)
             tmp = f.name
+            json.dump({"format": FORMAT, **entry}, f)
         os.replace(tmp, root / f"{key}.json")
         return True
     except OSError:
-        try:
-            os.unlink(tmp)  # type: ignore[possibly-undefined]
-        except (OSError, NameError):
-            pass
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return False
