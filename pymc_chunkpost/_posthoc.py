@@ -233,10 +233,12 @@ def compute_deterministics(
     if not names or draws is None:  # nothing to compute: pymc's loop costs nothing
         return original(original_object, **pymc_args)
     key = ("deterministics", tuple(names))
-    graph = _graph(model, key, lambda: (model, list(model.free_RVs), [model[n] for n in names]))
+    outputs = [model[n] for n in names]
+    graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
         return _fall_back(original, name, graph, original_object, pymc_args)
-    new_dataset = _to_dataset(model, names, _evaluate(graph, draws, ours), draws, sample_dims)
+    values = _evaluate(graph, draws, ours)
+    new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
     if pymc_args.get("extend_dataset"):
         dataset.update(new_dataset)
         return original_object
@@ -258,7 +260,8 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
         return _fall_back(original, name, reason, idata, pymc_args)
     posterior = _posterior(idata)
     model = pymc.modelcontext(pymc_args["model"])
-    names = _density_names(model, pymc_args["var_names"], _KIND_TARGETS[kind])
+    target = _KIND_TARGETS[kind]
+    names = _density_names(model, pymc_args["var_names"], target)
     dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
     draws = _draws(dataset, model, pymc_args["sample_dims"], "idata.posterior")
     if not names or draws is None:  # nothing to compute: pymc's loop costs nothing
@@ -269,14 +272,18 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
 
         # The posterior holds untransformed values, so pymc disables the transforms.
         umodel = remove_value_transforms(model)
-        rvs = [umodel.named_vars[n] for n in names]
-        return umodel, list(umodel.value_vars), umodel.logp(vars=rvs, sum=False)
+        # pymc names the outputs in the order of `umodel`'s variables, not `model`'s.
+        rvs = getattr(umodel, target) if var_names is None else [umodel[n] for n in names]
+        graph = umodel.logp(vars=rvs, sum=False)
+        return umodel, list(umodel.value_vars), graph, [rv.name for rv in rvs]
 
-    graph = _graph(model, (kind, tuple(names)), build)
+    var_names = pymc_args["var_names"]
+    key = (kind, None if var_names is None else tuple(names))
+    graph = _graph(model, key, build)
     if isinstance(graph, str):
         return _fall_back(original, name, graph, idata, pymc_args)
     values = _evaluate(graph, draws, ours)
-    result = _to_dataset(model, names, values, draws, pymc_args["sample_dims"])
+    result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
         return result
     if _pymc6():
@@ -370,8 +377,8 @@ def _fallback_reason(pymc_args: dict[str, Any]) -> str | None:
         return f"`{what}={mode!r}` is not JAX"
     if others := sorted(set(compile_kwargs) - {"mode"}):
         return f"`compile_kwargs` {others} apply to pymc's compiled function only"
-    if not pymc_args["sample_dims"] and not _pymc6():
-        return "pymc 5 takes no empty `sample_dims`"
+    if len(pymc_args["sample_dims"]) != 2 and not _pymc6():
+        return "pymc 5 takes two `sample_dims` only"
     return None
 
 
@@ -397,12 +404,10 @@ def _fall_back(original: Callable, name: str, reason: str, first: Any, pymc_args
 def _posterior(idata: Any) -> Any:
     groups = _groups(idata)
     if groups is None or "posterior" not in groups:
+        found = f"its groups: {groups}" if groups is not None else f"got {type(idata).__name__}"
         raise ValueError(
-            f"`idata` has no `posterior` group (groups: {groups}); pass the whole inference "
-            "data that `pm.sample` returned, not one of its groups."
-            if groups is not None
-            else f"`idata` must be inference data with a `posterior` group, got "
-            f"{type(idata).__name__}."
+            f"`idata` has no `posterior` group ({found}). Pass the whole inference data that "
+            "`pm.sample` returned, not one of its groups."
         )
     return idata["posterior"]
 
@@ -468,8 +473,8 @@ class _Draws:
     (pymc 6's single point) `(1, 1)`. Outputs are reshaped back to `sample_shape`.
     """
 
-    def __init__(self, arrays: list[np.ndarray], sample_shape: tuple[int, ...], stacked: dict):
-        self.arrays = arrays
+    def __init__(self, arrays: dict[str, np.ndarray], sample_shape: tuple[int, ...], stacked: dict):
+        self.arrays = arrays  # by variable name
         self.sample_shape = sample_shape
         self.stacked_dims = stacked
 
@@ -487,7 +492,8 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
             "Was it sampled from another model, or with `var_names` that left them out?"
         )
     sample_dims = list(sample_dims)
-    arrays, sample_shape = [], None
+    expected_shapes = _expected_shapes(model)
+    arrays, sample_shape = {}, None
     for rv in free:
         data = dataset[rv.name]
         if absent := [d for d in sample_dims if d not in data.dims]:
@@ -498,39 +504,68 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
         values = data.transpose(*sample_dims, ...).values
         n = len(sample_dims)
         shape, event = values.shape[:n], values.shape[n:]
-        expected = rv.type.shape
-        if len(event) != len(expected) or any(
-            e is not None and e != s for e, s in zip(expected, event)
-        ):
+        # JAX would clamp an out-of-range index where pymc raises: shapes must match.
+        if event != expected_shapes[rv.name]:
             raise ValueError(
                 f"`{what}[{rv.name!r}]` has shape {event} per draw, but the model's "
-                f"{rv.name!r} has shape {tuple('?' if e is None else e for e in expected)}. "
-                "Pass the model the draws came from."
+                f"{rv.name!r} has shape {expected_shapes[rv.name]}. Pass the model the draws "
+                "came from (with the same data and coords)."
             )
         sample_shape = shape if sample_shape is None else sample_shape
         lead = shape if n == 2 else (1, int(np.prod(shape, dtype=np.int64)))
         values = values.astype(rv.type.dtype, copy=False).reshape(lead + event)
-        arrays.append(values)
+        arrays[rv.name] = values
     if not free or 0 in sample_shape:
         return None
     stacked = {d: dataset[names[0]][d] for d in sample_dims}  # as pymc takes them
     return _Draws(arrays, tuple(sample_shape), stacked)
 
 
+def _expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """Each free variable's shape: static, else from its dims, else evaluated (cached)."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+
+    def length(dim):
+        value = model.dim_lengths.get(dim)
+        if isinstance(value, SharedVariable):
+            return int(value.get_value())
+        if isinstance(value, Constant):
+            return int(value.data)
+        return None
+
+    shapes = {}
+    for rv in model.free_RVs:
+        dims = model.named_vars_to_dims.get(rv.name) or (None,) * rv.type.ndim
+        shapes[rv.name] = tuple(
+            s if s is not None else (length(d) if d is not None else None)
+            for s, d in zip(rv.type.shape, dims)
+        )
+    if all(None not in shape for shape in shapes.values()):
+        return shapes
+    graphs = _graphs.setdefault(model, OrderedDict())
+    key = ("shapes", _fingerprint(model))
+    if key not in graphs:  # shapes that depend on data: one small function, compiled once
+        graphs[key] = model.eval_rv_shapes()
+    return {name: tuple(int(n) for n in graphs[key][name]) for name in shapes}
+
+
 class _Graph:
     """A jaxified per-draw function, and what pymc's compiled function would return."""
 
-    def __init__(self, jax_fn: Callable, dtypes: list[np.dtype]):
+    def __init__(self, jax_fn: Callable, input_names: list[str], outputs: list, names: list):
         self.jax_fn = jax_fn
-        self.dtypes = dtypes
+        self.input_names = input_names  # the draws it takes, in order
+        self.output_names = list(names)
+        self.dtypes = [np.dtype(v.type.dtype) for v in outputs]
 
 
 def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
     """The jaxified graph of `build()`, cached per model; a reason to fall back if none.
 
-    `build` returns `(model, inputs, outputs)`. The cache keys weakly on the model (a model
-    that is gone takes its graphs, and their compiled executables, with it) and on the
-    model's variables and data: `pm.set_data` gives a new graph, as pymc's data would be
+    `build` returns `(model, inputs, outputs, output names)`. The cache keys weakly on the
+    model (a model that is gone takes its graphs, and their compiled executables, with it)
+    and on the model's variables and data: `pm.set_data` gives a new graph, as pymc's data would be
     baked in as constants.
     """
     key = (*key, _fingerprint(model))
@@ -538,9 +573,9 @@ def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
     if key in graphs:
         graphs.move_to_end(key)
         return graphs[key]
-    graph_model, inputs, outputs = build()
+    graph_model, inputs, outputs, names = build()
     try:
-        graph = _jaxify(graph_model, inputs, outputs)
+        graph = _jaxify(graph_model, inputs, outputs, names)
     except NotImplementedError as error:  # an Op with no JAX implementation
         return f"no JAX implementation: {error}"
     except ValueError as error:
@@ -572,7 +607,7 @@ def _fingerprint(model: Any) -> tuple:
     )
 
 
-def _jaxify(model: Any, inputs: list, outputs: list) -> _Graph:
+def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph:
     """pymc's per-draw graph, with the rewrites pymc's compile applies, jaxified.
 
     pymc compiles with `local_check_parameter_to_ninf_switch` (or, with
@@ -602,7 +637,7 @@ def _jaxify(model: Any, inputs: list, outputs: list) -> _Graph:
     rewrite = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
     in2out(rewrite).rewrite(fgraph)
     jax_fn = get_jaxified_graph(inputs=roots, outputs=list(fgraph.outputs))
-    return _Graph(jax_fn, [np.dtype(v.type.dtype) for v in outputs])
+    return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
 
 
 def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any]) -> list[np.ndarray]:
@@ -610,10 +645,11 @@ def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any]) -> list[np.nda
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
-    outputs, _ = _postprocess.run(graph.jax_fn, draws.arrays, backend, strategy, False, **ours)
+    arrays = [draws.arrays[name] for name in graph.input_names]
+    outputs, _ = _postprocess.run(graph.jax_fn, arrays, backend, strategy, False, **ours)
     values = []
     while outputs:
-        array = _host_array(outputs.pop(0), draws.arrays)
+        array = _host_array(outputs.pop(0), arrays)
         array = array.reshape(draws.sample_shape + array.shape[2:])
         dtype = graph.dtypes[len(values)]
         values.append(array if array.dtype == dtype else array.astype(dtype))
