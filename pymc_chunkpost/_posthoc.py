@@ -677,7 +677,9 @@ def _host_array(output: jax.Array, inputs: Sequence[np.ndarray]) -> np.ndarray:
     view = np.asarray(output)
     if view.size == 0 or any(np.may_share_memory(view, x) for x in inputs):
         return np.array(view)
-    return np.asarray(_Writable(view, output))
+    # Off the CPU, `view` is a host copy: the device buffer need not stay alive with it.
+    on_cpu = all(device.platform == "cpu" for device in output.devices())
+    return np.asarray(_Writable(view, output if on_cpu else None))
 
 
 def _to_dataset(model: Any, names: list[str], values: list, draws: _Draws, sample_dims) -> Any:
