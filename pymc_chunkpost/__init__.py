@@ -12,6 +12,9 @@ from ._patch import patch as patch
 from ._patch import patched as patched
 from ._patch import unpatch as unpatch
 from ._planner import Plan as Plan
+from ._posthoc import compute_deterministics as compute_deterministics
+from ._posthoc import compute_log_likelihood as compute_log_likelihood
+from ._posthoc import compute_log_prior as compute_log_prior
 from ._postprocess import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
 from ._strategies import STRATEGIES as STRATEGIES

@@ -148,6 +148,12 @@ def patch() -> None:
     equal those of unpatched pymc. pymc's warning that `postprocessing_vectorize` "will be
     removed" is not emitted, as the plugin owns the option.
 
+    It also routes pymc's post-hoc functions (`compute_log_likelihood`, `compute_log_prior`,
+    `compute_deterministics`, wherever pymc exposes them; see `POSTHOC_TARGETS`) to
+    `pymc_chunkpost`'s, which return the same result and take the same options as keyword
+    arguments (`postprocessing_vectorize`, `chunk_size`, ...). A non-JAX `backend=` or
+    `compile_kwargs` runs pymc's own function, with a warning.
+
     Calling `patch()` again does nothing.
 
     Raises:
@@ -172,9 +178,11 @@ def patch() -> None:
         try:
             for name, value in replacements.items():
                 setattr(pymc_jax, name, value)
+            _patch_posthoc()  # the post-hoc route (see the block at the end of this module)
         except BaseException:
             for name, value in originals.items():
                 setattr(pymc_jax, name, value)
+            _unpatch_posthoc()
             raise
         _originals = originals
 
@@ -192,6 +200,7 @@ def unpatch() -> None:
 
         for name, value in _originals.items():
             setattr(pymc_jax, name, value)
+        _unpatch_posthoc()
         _originals = None
 
 
@@ -425,3 +434,70 @@ def _record(idata: Any, plan: Plan) -> None:
         attrs.pop("postprocessing_chunk_size", None)
     else:
         attrs["postprocessing_chunk_size"] = int(plan.chunk_size)
+
+
+# --- The post-hoc route: pymc's compute_log_likelihood / compute_log_prior /
+# compute_deterministics, routed to `pymc_chunkpost._posthoc`. ------------------------------
+
+#: Every place pymc exposes a post-hoc function, as (module, attribute); the attribute is
+#: also the name of our function. A module or attribute the installed pymc lacks is skipped
+#: (pymc 6 resolves `pymc.compute_log_prior` lazily, from `pymc.stats`, which is patched).
+#: pymc's own callers (`pm.sample(idata_kwargs={"log_likelihood": True})`, `to_inference_data`)
+#: import from `pymc.stats.log_density` at call time, so they take the route too.
+POSTHOC_TARGETS: tuple[tuple[str, str], ...] = (
+    ("pymc", "compute_log_likelihood"),
+    ("pymc", "compute_log_prior"),
+    ("pymc", "compute_deterministics"),
+    ("pymc.stats", "compute_log_likelihood"),
+    ("pymc.stats", "compute_log_prior"),
+    ("pymc.stats.log_density", "compute_log_likelihood"),
+    ("pymc.stats.log_density", "compute_log_prior"),
+    ("pymc.sampling", "compute_deterministics"),
+    ("pymc.sampling.deterministic", "compute_deterministics"),
+)
+_posthoc_originals: dict[tuple[str, str], Any] = {}  # what was replaced, while patched
+
+
+def _patch_posthoc() -> None:
+    """Replace pymc's post-hoc functions wherever they are the very objects pymc defines."""
+    import importlib
+
+    from . import _posthoc
+
+    replacements: dict[str, Callable] = {}
+    for module_name, name in POSTHOC_TARGETS:
+        try:
+            module = importlib.import_module(module_name)
+            original = _posthoc._pymc(name)
+        except (ImportError, AttributeError):
+            continue
+        if vars(module).get(name) is not original:  # absent, lazy, or someone else's
+            continue
+        if name not in replacements:
+            replacements[name] = _make_posthoc(original, getattr(_posthoc, name))
+        _posthoc_originals[(module_name, name)] = original
+        setattr(module, name, replacements[name])
+
+
+def _unpatch_posthoc() -> None:
+    import importlib
+
+    for (module_name, name), original in list(_posthoc_originals.items()):
+        setattr(importlib.import_module(module_name), name, original)
+        del _posthoc_originals[(module_name, name)]
+
+
+def _make_posthoc(original: Callable, ours: Callable) -> Callable:
+    from ._posthoc import ORIGINAL_ATTRIBUTE
+
+    @functools.wraps(ours)
+    def replacement(*args, **kwargs):
+        return ours(*args, **kwargs)
+
+    replacement.__doc__ = (
+        f"pymc's `{original.__name__}`, routed by `pymc_chunkpost.patch` to "
+        f"`pymc_chunkpost.{ours.__name__}`, which takes the same arguments and returns the "
+        "same result.\n\n" + (ours.__doc__ or "")
+    )
+    setattr(replacement, ORIGINAL_ATTRIBUTE, original)
+    return replacement

@@ -1,0 +1,249 @@
+"""The post-hoc route against pymc's own `compute_log_likelihood`, each case in a fresh process.
+
+    python benchmarks/bench_posthoc.py --repeats 3 --out posthoc.md
+
+Cases: a 4 x 1000-draw posterior of (a) `hier_2k`, a row-indexed hierarchical regression
+with 2,000 rows, (b) `eight_schools`, (c) `hier_30k`, the same with 30,000 rows (0.9 GiB of
+log-likelihood). Methods: `ours` (`pymc_chunkpost.compute_log_likelihood`, "auto"),
+`pymc_jax` (pymc's own with the JAX backend: `backend="jax"` on pymc 6,
+`compile_kwargs={"mode": "JAX"}` on pymc 5) and `pymc_default` (pymc's own, its default
+backend: numba on pymc 6, C on pymc 5).
+
+Every (case, method) runs in its own Python process: the model and the posterior are built,
+JAX's first lowering is paid on a trivial function, the model's jaxified logp is built (as
+`pm.sample(nuts_sampler="numpyro")` does; `--fresh` skips this) and the garbage is collected
+(a session that has just sampled has paid all three), then the peak RSS is reset
+(`echo 5 > /proc/self/clear_refs`) and the first call is timed (cold: graph building,
+compiling and running), then the result is dropped and the second call is timed (warm).
+Peak extra memory is `VmHWM - VmRSS` before each call; the floor is the bytes of the
+log-likelihood array. Processes run round-robin (one repeat of every case, then the next);
+speed-ups are medians of the run-by-run ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ("hier_2k", "eight_schools", "hier_30k")
+METHODS = ("ours", "pymc_jax", "pymc_default")
+CHAINS, DRAWS = 4, 1000
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def build(case: str):
+    """The model and a (4, 1000) posterior Dataset of its free variables (seeded)."""
+    import numpy as np
+    import pymc as pm
+    import xarray as xr
+
+    rng = np.random.default_rng(0)
+    shape = (CHAINS, DRAWS)
+    sample = {"chain": np.arange(CHAINS), "draw": np.arange(DRAWS)}
+    if case == "eight_schools":
+        y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+        sigma = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+        with pm.Model(coords={"school": np.arange(8)}) as model:
+            mu = pm.Normal("mu", 0.0, 5.0)
+            tau = pm.HalfCauchy("tau", 5.0)
+            z = pm.Normal("z", 0.0, 1.0, dims="school")
+            theta = pm.Deterministic("theta", mu + tau * z, dims="school")
+            pm.Normal("obs", theta, sigma, observed=y, dims="school")
+        post = {
+            "mu": (("chain", "draw"), rng.normal(4.0, 3.0, shape)),
+            "tau": (("chain", "draw"), np.abs(rng.normal(3.0, 2.0, shape))),
+            "z": (("chain", "draw", "school"), rng.normal(size=(*shape, 8))),
+        }
+        return model, xr.Dataset(post, coords=sample | {"school": np.arange(8)})
+    n_rows, n_groups = {"hier_2k": (2_000, 40), "hier_30k": (30_000, 200)}[case]
+    group = rng.integers(0, n_groups, size=n_rows)
+    x = rng.normal(size=n_rows)
+    coords = {"group": np.arange(n_groups), "row": np.arange(n_rows)}
+    with pm.Model(coords=coords) as model:
+        x_data = pm.Data("x", x, dims="row")
+        mu = pm.Normal("mu")
+        tau = pm.HalfNormal("tau")
+        z = pm.Normal("z", dims="group")
+        beta = pm.Normal("beta")
+        sigma = pm.HalfNormal("sigma")
+        intercept = mu + tau * z
+        pm.Normal(
+            "y",
+            intercept[group] + beta * x_data,
+            sigma,
+            observed=rng.normal(size=n_rows),
+            dims="row",
+        )
+    post = {
+        "mu": (("chain", "draw"), rng.normal(0.0, 0.1, shape)),
+        "tau": (("chain", "draw"), np.abs(rng.normal(1.0, 0.1, shape))),
+        "z": (("chain", "draw", "group"), rng.normal(size=(*shape, n_groups))),
+        "beta": (("chain", "draw"), rng.normal(0.0, 0.1, shape)),
+        "sigma": (("chain", "draw"), np.abs(rng.normal(1.0, 0.1, shape))),
+    }
+    return model, xr.Dataset(post, coords=sample | {"group": np.arange(n_groups)})
+
+
+def child(case: str, method: str, after_sampling: bool) -> dict:
+    """One case in this (fresh) process: cold and warm seconds, peak extra bytes."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    sys.path.insert(0, str(ROOT))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pymc as pm
+
+    import pymc_chunkpost
+
+    pymc6 = int(pm.__version__.split(".")[0]) >= 6
+    model, posterior = build(case)
+    if pymc6:
+        import xarray as xr
+
+        def idata():
+            return xr.DataTree.from_dict({"posterior": posterior})
+    else:
+        import arviz as az
+
+        def idata():
+            return az.InferenceData(posterior=posterior)
+
+    jax_mode = {"backend": "jax"} if pymc6 else {"compile_kwargs": {"mode": "JAX"}}
+    call = {
+        "ours": lambda: pymc_chunkpost.compute_log_likelihood(
+            idata(), model=model, extend_inferencedata=False, progressbar=False
+        ),
+        "pymc_jax": lambda: pm.compute_log_likelihood(
+            idata(), model=model, extend_inferencedata=False, progressbar=False, **jax_mode
+        ),
+        "pymc_default": lambda: pm.compute_log_likelihood(
+            idata(), model=model, extend_inferencedata=False, progressbar=False
+        ),
+    }[method]
+    jax.jit(lambda a: a + 1)(jnp.ones(3)).block_until_ready()  # JAX's first lowering
+    if after_sampling:  # what `pm.sample(nuts_sampler="numpyro")` built before: its logp
+        from pymc.sampling.jax import get_jaxified_logp
+
+        get_jaxified_logp(model)
+    result = {"case": case, "method": method, "pymc": pm.__version__, "jax": jax.__version__}
+    for phase in ("cold", "warm"):
+        gc.collect()
+        base = _status("VmRSS")
+        _reset_peak()
+        tic = time.perf_counter()
+        out = call()
+        seconds = time.perf_counter() - tic
+        result[f"{phase}_s"] = seconds
+        result[f"{phase}_peak"] = _status("VmHWM") - base
+        result["floor"] = int(sum(v.values.nbytes for v in out.data_vars.values()))
+        checksum = float(np.sum(out["y" if "y" in out else "obs"].values))
+        result["checksum"] = checksum
+        del out
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="time the first call in a bare process (default: after building the model's "
+        "jaxified logp, as a session that has just sampled with numpyro has)",
+    )
+    parser.add_argument("--child", nargs=2, metavar=("CASE", "METHOD"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, after_sampling=not args.fresh)))
+        return
+    cases, methods = args.cases.split(","), args.methods.split(",")
+    runs: list[dict] = []
+    for repeat in range(args.repeats):  # round-robin: one repeat of every case, then the next
+        for case in cases:
+            for method in methods:
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--child", case, method]
+                    + (["--fresh"] if args.fresh else []),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                run = json.loads(proc.stdout.strip().splitlines()[-1]) | {"repeat": repeat}
+                runs.append(run)
+                print(
+                    f"{case:14s} {method:13s} cold {run['cold_s']:6.2f} s  warm "
+                    f"{run['warm_s']:6.2f} s  peak {run['cold_peak'] / run['floor']:5.2f}x / "
+                    f"{run['warm_peak'] / run['floor']:5.2f}x of {run['floor'] / 2**20:,.1f} MiB",
+                    flush=True,
+                )
+    table = report(runs, cases, methods, args.fresh)
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table)
+
+
+def report(runs: list[dict], cases: list[str], methods: list[str], fresh: bool) -> str:
+    def pick(case, method, key):
+        return [r[key] for r in runs if r["case"] == case and r["method"] == method]
+
+    first = runs[0]
+    lines = [
+        f"pymc {first['pymc']}, jax {first['jax']}, {CHAINS} x {DRAWS} draws; medians of "
+        f"{max(r['repeat'] for r in runs) + 1} fresh processes per cell; speed-up = median "
+        "of run-by-run ratios (pymc's time / ours); cold = first call "
+        + ("in a bare process." if fresh else "after the model's jaxified logp was built."),
+        "",
+        "| posterior | method | cold s | warm s | cold speed-up | warm speed-up "
+        "| peak / floor (cold, warm) | floor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        for method in methods:
+            cold, warm = pick(case, method, "cold_s"), pick(case, method, "warm_s")
+            if not cold:
+                continue
+            speed = ["", ""]
+            if method != "ours" and "ours" in methods:
+                for i, key in enumerate(("cold_s", "warm_s")):
+                    ratios = [
+                        a / b for a, b in zip(pick(case, method, key), pick(case, "ours", key))
+                    ]
+                    speed[i] = f"{statistics.median(ratios):.2f}x"
+            floor = pick(case, method, "floor")[0]
+            peaks = [
+                statistics.median(pick(case, method, k)) / floor for k in ("cold_peak", "warm_peak")
+            ]
+            lines.append(
+                f"| {case} | {method} | {statistics.median(cold):.2f} | "
+                f"{statistics.median(warm):.2f} | {speed[0]} | {speed[1]} | "
+                f"{peaks[0]:.2f}x, {peaks[1]:.2f}x | {floor / 2**20:,.1f} MiB |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,716 @@
+"""The post-hoc route: `compute_log_likelihood`, `compute_log_prior`, `compute_deterministics`.
+
+pymc computes these with `pymc.backends.arviz.apply_function_over_dataset`: a Python loop
+that calls a compiled function once per draw (4,000 calls for 4 x 1000 draws) and gathers
+the results. Here the same per-draw graph (pymc's, with pymc's rewrites) is jaxified once and
+evaluated over all draws by `postprocess_samples`'s engine, and the result is packed into
+the very xarray objects pymc returns (pymc 6: `xarray.DataTree`/`Dataset`; pymc 5:
+`arviz.InferenceData`/`Dataset`).
+
+What the JAX route cannot honour (a non-JAX `backend=`/`compile_kwargs`, a graph with no JAX
+implementation, sample dims pymc 5 cannot take) runs pymc's own function, with a one-line
+`UserWarning`: the answer is always pymc's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _postprocess
+from ._cache import FunctionCache
+from ._memory import resolve_device
+from ._options import check_options
+
+__all__ = ["compute_log_likelihood", "compute_log_prior", "compute_deterministics"]
+
+#: pymc's functions that this module replaces, as (module, name): where `_pymc` finds pymc's
+#: own function to fall back on. `_patch` installs the replacements at every place pymc
+#: exposes them.
+PYMC_FUNCTIONS: dict[str, tuple[str, str]] = {
+    "compute_log_likelihood": ("pymc.stats.log_density", "compute_log_likelihood"),
+    "compute_log_prior": ("pymc.stats.log_density", "compute_log_prior"),
+    "compute_deterministics": ("pymc.sampling.deterministic", "compute_deterministics"),
+}
+#: The attribute a replacement carries, naming the pymc function it replaced.
+ORIGINAL_ATTRIBUTE = "_pymc_chunkpost_original"
+
+# Our own keyword options; everything else is pymc's.
+_OPTIONS = (
+    "postprocessing_backend",
+    "postprocessing_vectorize",
+    "chunk_size",
+    "n_chunks",
+    "memory_budget",
+)
+_KIND_TARGETS = {"likelihood": "observed_RVs", "prior": "free_RVs"}
+_CACHE_PER_MODEL = 8  # jaxified graphs kept per model (each holds its compiled executables)
+# Weakly keyed on the model: a model that is gone takes its graphs, and their compiled
+# executables, with it; `clear_caches` empties it.
+_GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
+
+
+def compute_log_likelihood(
+    idata: Any,
+    *,
+    var_names: Sequence[str] | None = None,
+    extend_inferencedata: bool = True,
+    model: Any = None,
+    sample_dims: Sequence[str] = ("chain", "draw"),
+    progressbar: bool = True,
+    backend: str | None = None,
+    compile_kwargs: dict[str, Any] | None = None,
+    postprocessing_backend: str | None = None,
+    postprocessing_vectorize: str = "auto",
+    chunk_size: int | None = None,
+    n_chunks: int | None = None,
+    memory_budget: int | float | None = None,
+    **options: Any,
+) -> Any:
+    """Pointwise log-likelihood of every observed variable at every posterior draw.
+
+    `pymc.compute_log_likelihood`, with the same arguments and the same result (groups,
+    names, dims, coords, dtypes and attrs), computed by one jitted, chunked evaluation of
+    the model's `logp(sum=False)` instead of one compiled call per draw.
+
+    Args:
+        idata: pymc 6: an `xarray.DataTree`; pymc 5: an `arviz.InferenceData`; with a
+            `posterior` group holding every free variable (untransformed).
+        var_names: observed variables to compute; default all of them.
+        extend_inferencedata: add a `log_likelihood` group to `idata` and return `idata`
+            (True), or return the new `Dataset` (False).
+        model: the model; default the one on the context stack.
+        sample_dims: the posterior's sample dimensions: ("chain", "draw"), one dimension
+            (such as "sample" from `arviz.extract`), or (pymc 6) none, for one point.
+        progressbar: show a progress bar over chunks while a loop runs.
+        backend: pymc 6's compile backend. None or "jax" take this route; any other runs
+            pymc's own function, with a warning.
+        compile_kwargs: pymc's extra compile arguments. Only `{"mode": "JAX"}` (or a JAX
+            `Mode`) can be honoured here; anything else runs pymc's own function, with a
+            warning.
+        postprocessing_backend: the device to compute on: None (the default device), "cpu"
+            or "gpu". The result is always numpy arrays on the host, as pymc's.
+        postprocessing_vectorize: the strategy, one of `STRATEGIES` (see
+            `postprocess_samples`); default "auto", the fastest plan within the budget.
+        chunk_size: draws per chunk, for "chunked"/"auto": smaller uses less memory and
+            takes longer.
+        n_chunks: alternatively, the number of chunks.
+        memory_budget: bytes the outputs and temporaries may take; default the device's
+            free memory. The outputs themselves (chains x draws x observations) are the
+            floor.
+        **options: further options of `postprocess_samples`, passed on unchanged.
+
+    Returns:
+        What pymc returns: `idata` with a `log_likelihood` group, or the `Dataset`.
+
+    Raises:
+        ValueError: bad input (unknown `var_names`, a posterior without a free variable
+            or with other shapes than the model's, unknown sample dims, bad options),
+            before any work.
+    """
+    return _log_density("likelihood", locals())
+
+
+def compute_log_prior(
+    idata: Any,
+    *,
+    var_names: Sequence[str] | None = None,
+    extend_inferencedata: bool = True,
+    model: Any = None,
+    sample_dims: Sequence[str] = ("chain", "draw"),
+    progressbar: bool = True,
+    backend: str | None = None,
+    compile_kwargs: dict[str, Any] | None = None,
+    postprocessing_backend: str | None = None,
+    postprocessing_vectorize: str = "auto",
+    chunk_size: int | None = None,
+    n_chunks: int | None = None,
+    memory_budget: int | float | None = None,
+    **options: Any,
+) -> Any:
+    """Pointwise log-prior density of every free variable at every posterior draw.
+
+    `pymc.stats.compute_log_prior` with the same arguments and result, computed as
+    `compute_log_likelihood` is (see there for every argument). With
+    `extend_inferencedata=True` the group added is `log_prior`.
+
+    Raises:
+        ValueError: as `compute_log_likelihood`, before any work.
+    """
+    return _log_density("prior", locals())
+
+
+def compute_deterministics(
+    dataset: Any,
+    *,
+    group: str | None = None,
+    var_names: Sequence[str] | None = None,
+    model: Any = None,
+    sample_dims: Sequence[str] = ("chain", "draw"),
+    merge_dataset: bool = False,
+    extend_dataset: bool = False,
+    progressbar: bool = True,
+    backend: str | None = None,
+    compile_kwargs: dict[str, Any] | None = None,
+    postprocessing_backend: str | None = None,
+    postprocessing_vectorize: str = "auto",
+    chunk_size: int | None = None,
+    n_chunks: int | None = None,
+    memory_budget: int | float | None = None,
+    **options: Any,
+) -> Any:
+    """The model's deterministics at every draw of `dataset`.
+
+    `pymc.compute_deterministics`, with the same arguments and the same result, computed by
+    one jitted, chunked evaluation instead of one compiled call per draw. `group` and
+    `extend_dataset` exist on pymc 6 only, as in pymc; the options after `compile_kwargs`
+    are ours, as in `compute_log_likelihood`.
+
+    Args:
+        dataset: a `Dataset` with every free variable, such as `idata.posterior` (pymc 6:
+            also a `DataTree`, or a whole one, of which `group` is used).
+        group: pymc 6: the group of a whole `DataTree`; default "posterior", else "prior".
+        var_names: deterministics to compute; default all of them.
+        model: the model; default the one on the context stack.
+        sample_dims: as in `compute_log_likelihood`.
+        merge_dataset: include `dataset`'s own variables in the result (deprecated in
+            pymc 6, as there).
+        extend_dataset: pymc 6: add the deterministics to `dataset` in place and return it.
+        progressbar: show a progress bar over chunks while a loop runs.
+        backend: as in `compute_log_likelihood`.
+        compile_kwargs: as in `compute_log_likelihood`.
+        postprocessing_backend: as in `compute_log_likelihood`.
+        postprocessing_vectorize: as in `compute_log_likelihood`.
+        chunk_size: as in `compute_log_likelihood`.
+        n_chunks: as in `compute_log_likelihood`.
+        memory_budget: as in `compute_log_likelihood`.
+        **options: as in `compute_log_likelihood`.
+
+    Returns:
+        What pymc returns: a `Dataset` of the deterministics (or, with `extend_dataset`,
+        the input object).
+
+    Raises:
+        ValueError: bad input, before any work.
+    """
+    import xarray
+
+    name = "compute_deterministics"
+    pymc_args, ours = _split(name, locals())
+    original = _pymc(name)
+    if pymc_args.get("merge_dataset") and pymc_args.get("extend_dataset"):
+        raise ValueError(
+            "`merge_dataset` and `extend_dataset` cannot be combined. "
+            "`extend_dataset` already keeps the values of the original dataset."
+        )
+    reason = _fallback_reason(pymc_args)
+    if reason is not None:
+        return _fall_back(original, name, reason, dataset, pymc_args)
+    import pymc
+
+    if pymc_args.get("merge_dataset") and _pymc6():
+        warnings.warn(
+            "`merge_dataset` is deprecated and will be removed in a future release. "
+            "Use `extend_dataset=True` to add the deterministics to the original dataset, "
+            "passing a `.copy()` of it if it should not be mutated.",
+            FutureWarning,
+            stacklevel=2,
+        )
+    original_object = dataset
+    if _pymc6():
+        # pymc's own private helper, for pymc's own rule and errors on whole DataTrees.
+        from pymc.sampling.deterministic import _select_group
+
+        dataset = _select_group(dataset, group)
+    model = pymc.modelcontext(model)
+    names = _deterministic_names(model, var_names)
+    group_dataset = dataset.dataset if isinstance(dataset, xarray.DataTree) else dataset
+    draws = _draws(group_dataset, model, sample_dims, "dataset")
+    if not names or draws is None:  # nothing to compute: pymc's loop costs nothing
+        return original(original_object, **pymc_args)
+    key = ("deterministics", tuple(names))
+    outputs = [model[n] for n in names]
+    graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
+    if isinstance(graph, str):
+        return _fall_back(original, name, graph, original_object, pymc_args)
+    values = _evaluate(graph, draws, ours)
+    new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
+    if pymc_args.get("extend_dataset"):
+        dataset.update(new_dataset)
+        return original_object
+    if pymc_args.get("merge_dataset"):
+        new_dataset = xarray.merge([group_dataset, new_dataset], compat="override")
+    return new_dataset
+
+
+def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
+    """`compute_log_likelihood` (kind "likelihood") or `compute_log_prior` ("prior")."""
+    import pymc
+
+    name = f"compute_log_{kind}"
+    idata = arguments["idata"]
+    pymc_args, ours = _split(name, arguments)
+    original = _pymc(name)
+    reason = _fallback_reason(pymc_args)
+    if reason is not None:
+        return _fall_back(original, name, reason, idata, pymc_args)
+    posterior = _posterior(idata)
+    model = pymc.modelcontext(pymc_args["model"])
+    target = _KIND_TARGETS[kind]
+    names = _density_names(model, pymc_args["var_names"], target)
+    dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
+    draws = _draws(dataset, model, pymc_args["sample_dims"], "idata.posterior")
+    if not names or draws is None:  # nothing to compute: pymc's loop costs nothing
+        return original(idata, **pymc_args)
+
+    def build():
+        from pymc.model.transform.conditioning import remove_value_transforms
+
+        # The posterior holds untransformed values, so pymc disables the transforms.
+        umodel = remove_value_transforms(model)
+        # pymc names the outputs in the order of `umodel`'s variables, not `model`'s.
+        rvs = getattr(umodel, target) if var_names is None else [umodel[n] for n in names]
+        graph = umodel.logp(vars=rvs, sum=False)
+        return umodel, list(umodel.value_vars), graph, [rv.name for rv in rvs]
+
+    var_names = pymc_args["var_names"]
+    key = (kind, None if var_names is None else tuple(names))
+    graph = _graph(model, key, build)
+    if isinstance(graph, str):
+        return _fall_back(original, name, graph, idata, pymc_args)
+    values = _evaluate(graph, draws, ours)
+    result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
+    if not pymc_args["extend_inferencedata"]:
+        return result
+    if _pymc6():
+        idata[f"log_{kind}"] = result
+    else:
+        idata.add_groups({f"log_{kind}": result})
+    return idata
+
+
+# --- arguments ---------------------------------------------------------------------------
+
+
+def _pymc6() -> bool:
+    import pymc
+
+    return int(pymc.__version__.split(".")[0]) >= 6
+
+
+def _pymc(name: str) -> Callable:
+    """pymc's own function `name` (the original while patched)."""
+    import importlib
+
+    module, attribute = PYMC_FUNCTIONS[name]
+    function = getattr(importlib.import_module(module), attribute)
+    return getattr(function, ORIGINAL_ATTRIBUTE, function)
+
+
+_PUBLIC: dict[str, Callable] = {}  # filled below: name -> our public function
+
+
+def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """pymc's arguments (those the installed pymc takes) and ours, all checked.
+
+    Raises:
+        TypeError: an argument the installed pymc does not take (pymc 5 has no `backend`,
+            `group` or `extend_dataset`), or an unknown option, as Python would for pymc.
+        ValueError: a bad option of ours.
+    """
+    import pymc
+
+    ours_signature = inspect.signature(_PUBLIC[name]).parameters
+    pymc_signature = inspect.signature(_pymc(name)).parameters
+    first = next(iter(ours_signature))
+    pymc_args: dict[str, Any] = {}
+    for key, parameter in ours_signature.items():
+        if key == first or key in _OPTIONS or parameter.kind is parameter.VAR_KEYWORD:
+            continue
+        value = arguments[key]
+        if key in pymc_signature:
+            pymc_args[key] = value
+        elif value is not parameter.default:
+            raise TypeError(
+                f"{name}() got an unexpected keyword argument {key!r}: the installed pymc "
+                f"{pymc.__version__} has no `{key}` there."
+            )
+    run_parameters = inspect.signature(_postprocess.run).parameters
+    extra = arguments["options"]
+    for key in extra:
+        if (
+            key not in run_parameters
+            or run_parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY
+        ):
+            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
+    ours = {key: arguments[key] for key in _OPTIONS} | extra
+    ours["progressbar"] = bool(arguments["progressbar"])
+    check_options(
+        ours["postprocessing_vectorize"],
+        ours["chunk_size"],
+        ours["n_chunks"],
+        ours["memory_budget"],
+        ours.get("output_memory", "auto"),
+    )
+    resolve_device(ours["postprocessing_backend"])
+    sample_dims = pymc_args["sample_dims"]
+    if isinstance(sample_dims, str) or not all(isinstance(d, str) for d in sample_dims):
+        raise ValueError(
+            f"`sample_dims` must be a sequence of dimension names, got {sample_dims!r}. Pass, "
+            'for example, `sample_dims=("chain", "draw")` or `sample_dims=("sample",)`.'
+        )
+    return pymc_args, ours
+
+
+def _fallback_reason(pymc_args: dict[str, Any]) -> str | None:
+    """Why the JAX route cannot give pymc's answer for these arguments; None when it can."""
+    backend = pymc_args.get("backend")
+    compile_kwargs = pymc_args.get("compile_kwargs") or {}
+    if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
+        raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
+    mode = backend if backend is not None else compile_kwargs.get("mode")
+    if mode is not None and not _is_jax(mode):
+        what = "backend" if backend is not None else "compile_kwargs['mode']"
+        return f"`{what}={mode!r}` is not JAX"
+    if others := sorted(set(compile_kwargs) - {"mode"}):
+        return f"`compile_kwargs` {others} apply to pymc's compiled function only"
+    if len(pymc_args["sample_dims"]) != 2 and not _pymc6():
+        return "pymc 5 takes two `sample_dims` only"
+    return None
+
+
+def _is_jax(mode: Any) -> bool:
+    from pytensor.compile.mode import get_mode
+    from pytensor.link.jax.linker import JAXLinker
+
+    try:
+        return isinstance(get_mode(mode).linker, JAXLinker)
+    except (ValueError, KeyError, TypeError, AttributeError):  # not a mode pytensor knows
+        return False
+
+
+def _fall_back(original: Callable, name: str, reason: str, first: Any, pymc_args: dict) -> Any:
+    warnings.warn(
+        f"pymc_chunkpost: `{name}` runs pymc's own function ({reason}).",
+        UserWarning,
+        stacklevel=3,
+    )
+    return original(first, **pymc_args)
+
+
+def _posterior(idata: Any) -> Any:
+    groups = _groups(idata)
+    if groups is None or "posterior" not in groups:
+        found = f"its groups: {groups}" if groups is not None else f"got {type(idata).__name__}"
+        raise ValueError(
+            f"`idata` has no `posterior` group ({found}). Pass the whole inference data that "
+            "`pm.sample` returned, not one of its groups."
+        )
+    return idata["posterior"]
+
+
+def _groups(idata: Any) -> list[str] | None:
+    if hasattr(idata, "children"):  # xarray.DataTree
+        return list(idata.children)
+    if hasattr(idata, "groups") and callable(idata.groups):  # arviz.InferenceData
+        return list(idata.groups())
+    return None
+
+
+def _density_names(model: Any, var_names: Any, target: str) -> list[str]:
+    valid = [rv.name for rv in getattr(model, target)]
+    if var_names is None:
+        return valid
+    if isinstance(var_names, str):
+        raise ValueError(
+            f"`var_names` must be a list of names, got {var_names!r}; pass [{var_names!r}]."
+        )
+    names = list(var_names)
+    if unknown := [n for n in names if n not in model.named_vars]:
+        raise ValueError(
+            f"`var_names` has {unknown}, which the model does not have. Its {target}: {valid}."
+        )
+    if wrong := [n for n in names if n not in valid]:
+        raise ValueError(
+            f"var_names must refer to {target} in the model. Got: {var_names}; {wrong} are not "
+            f"among them ({valid})."
+        )
+    return names
+
+
+def _deterministic_names(model: Any, var_names: Any) -> list[str]:
+    valid = [d.name for d in model.deterministics]
+    if var_names is None:
+        return valid
+    if isinstance(var_names, str):
+        raise ValueError(
+            f"`var_names` must be a list of names, got {var_names!r}; pass [{var_names!r}]."
+        )
+    names = list(var_names)
+    if unknown := [n for n in names if n not in model.named_vars]:
+        raise ValueError(
+            f"`var_names` has {unknown}, which the model does not have. Its deterministics: "
+            f"{valid}."
+        )
+    if wrong := [n for n in names if n not in valid]:
+        raise ValueError(
+            f"Not all var_names corresponded to model deterministics: {wrong} are not among "
+            f"them ({valid})."
+        )
+    return names
+
+
+# --- draws in, datasets out --------------------------------------------------------------
+
+
+class _Draws:
+    """The free variables' draws as `(a, b, ...)` arrays for `run`, and how to undo that.
+
+    Two sample dims are `(a, b)` as they are; one (or three or more) become `(1, n)`; none
+    (pymc 6's single point) `(1, 1)`. Outputs are reshaped back to `sample_shape`.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], sample_shape: tuple[int, ...], stacked: dict):
+        self.arrays = arrays  # by variable name
+        self.sample_shape = sample_shape
+        self.stacked_dims = stacked
+
+
+def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _Draws | None:
+    """Check the dataset against the model, before any work; None when there are no draws.
+
+    The posterior holds untransformed values: the dtypes and shapes of the random variables.
+    """
+    free = list(model.free_RVs)
+    names = [rv.name for rv in free]
+    if missing := [n for n in names if n not in dataset.data_vars]:
+        raise ValueError(
+            f"`{what}` has no {missing}: every free variable of the model ({names}) is needed. "
+            "Was it sampled from another model, or with `var_names` that left them out?"
+        )
+    sample_dims = list(sample_dims)
+    expected_shapes = _expected_shapes(model)
+    arrays, sample_shape = {}, None
+    for rv in free:
+        data = dataset[rv.name]
+        if absent := [d for d in sample_dims if d not in data.dims]:
+            raise ValueError(
+                f"`sample_dims={tuple(sample_dims)}` names {absent}, which `{what}[{rv.name!r}]` "
+                f"does not have (its dims: {data.dims}). Pass the dims that index its draws."
+            )
+        values = data.transpose(*sample_dims, ...).values
+        n = len(sample_dims)
+        shape, event = values.shape[:n], values.shape[n:]
+        # JAX would clamp an out-of-range index where pymc raises: shapes must match.
+        if event != expected_shapes[rv.name]:
+            raise ValueError(
+                f"`{what}[{rv.name!r}]` has shape {event} per draw, but the model's "
+                f"{rv.name!r} has shape {expected_shapes[rv.name]}. Pass the model the draws "
+                "came from (with the same data and coords)."
+            )
+        sample_shape = shape if sample_shape is None else sample_shape
+        lead = shape if n == 2 else (1, int(np.prod(shape, dtype=np.int64)))
+        values = values.astype(rv.type.dtype, copy=False).reshape(lead + event)
+        arrays[rv.name] = values
+    if not free or sample_shape is None or 0 in sample_shape:
+        return None
+    stacked = {d: dataset[names[0]][d] for d in sample_dims}  # as pymc takes them
+    return _Draws(arrays, tuple(sample_shape), stacked)
+
+
+def _expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """Each free variable's shape: static, else from its dims, else evaluated (cached)."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+
+    def length(dim):
+        value = model.dim_lengths.get(dim)
+        if isinstance(value, SharedVariable):
+            return int(value.get_value())
+        if isinstance(value, Constant):
+            return int(value.data)
+        return None
+
+    shapes: dict[str, Any] = {}
+    for rv in model.free_RVs:
+        dims = model.named_vars_to_dims.get(rv.name) or (None,) * rv.type.ndim
+        shapes[rv.name] = tuple(
+            s if s is not None else (length(d) if d is not None else None)
+            for s, d in zip(rv.type.shape, dims)
+        )
+    if all(None not in shape for shape in shapes.values()):
+        return shapes
+    key = ("shapes", _fingerprint(model))
+    evaluated = _GRAPHS.get(model, key)
+    if evaluated is None:  # shapes that depend on data: one small function, compiled once
+        evaluated = model.eval_rv_shapes()
+        _GRAPHS.put(model, key, evaluated)
+    return {name: tuple(int(n) for n in evaluated[name]) for name in shapes}
+
+
+class _Graph:
+    """A jaxified per-draw function, and what pymc's compiled function would return."""
+
+    def __init__(self, jax_fn: Callable, input_names: list[str], outputs: list, names: list):
+        self.jax_fn = jax_fn
+        self.input_names = input_names  # the draws it takes, in order
+        self.output_names = list(names)
+        self.dtypes = [np.dtype(v.type.dtype) for v in outputs]
+
+
+def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
+    """The jaxified graph of `build()`, cached per model; a reason to fall back if none.
+
+    `build` returns `(model, inputs, outputs, output names)`. The cache keys weakly on the
+    model (a model that is gone takes its graphs, and their compiled executables, with it)
+    and on the model's variables and data: `pm.set_data` gives a new graph, as pymc's data would be
+    baked in as constants.
+    """
+    key = (*key, _fingerprint(model))
+    cached = _GRAPHS.get(model, key)
+    if cached is not None:
+        return cached
+    graph_model, inputs, outputs, names = build()
+    try:
+        graph = _jaxify(graph_model, inputs, outputs, names)
+    except NotImplementedError as error:  # an Op with no JAX implementation
+        return f"no JAX implementation: {error}"
+    except ValueError as error:
+        if "RandomType" not in str(error):
+            raise
+        return "the graph draws random numbers"
+    _GRAPHS.put(model, key, graph)
+    return graph
+
+
+def _fingerprint(model: Any) -> tuple:
+    """The model's variables, check_bounds, and a digest of its data (`pm.Data`, dims)."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    digest = hashlib.blake2b(digest_size=16)
+    shared = [v for v in model.named_vars.values() if isinstance(v, SharedVariable)]
+    shared += [v for v in model.dim_lengths.values() if isinstance(v, SharedVariable)]
+    for variable in shared:
+        value = np.ascontiguousarray(variable.get_value(borrow=True))
+        digest.update(f"{variable.name}{value.dtype}{value.shape}".encode())
+        digest.update(value.data if value.size else b"")
+    return (
+        tuple(rv.name for rv in model.free_RVs),
+        tuple(rv.name for rv in model.observed_RVs),
+        bool(getattr(model, "check_bounds", True)),
+        digest.hexdigest(),
+    )
+
+
+def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph:
+    """pymc's per-draw graph, with the rewrites pymc's compile applies, jaxified.
+
+    pymc compiles with `local_check_parameter_to_ninf_switch` (or, with
+    `check_bounds=False`, `local_remove_check_parameter`): an invalid parameter gives -inf,
+    as it does in pymc. `get_jaxified_graph` alone would drop the check instead.
+    """
+    from pymc.logprob.utils import (
+        local_check_parameter_to_ninf_switch,
+        local_remove_check_parameter,
+    )
+    from pymc.sampling.jax import get_jaxified_graph
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.replace import clone_replace
+    from pytensor.graph.rewriting.basic import in2out
+
+    # Fresh root inputs: deterministics take the random variables themselves as inputs.
+    roots = [variable.type(name=variable.name) for variable in inputs]
+    graph = clone_replace(list(outputs), replace=dict(zip(inputs, roots)))
+    try:
+        from pytensor.graph.traversal import graph_inputs
+    except ImportError:  # pytensor before 2.31 (pymc 5)
+        from pytensor.graph.basic import graph_inputs  # type: ignore[no-redef]
+    root_ids = {id(root) for root in roots}
+    others = [v for v in graph_inputs(graph) if v.owner is None and id(v) not in root_ids]
+    fgraph = FunctionGraph([*roots, *others], graph, clone=False)
+    check_bounds = bool(getattr(model, "check_bounds", True))
+    rewrite = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
+    in2out(rewrite).rewrite(fgraph)
+    jax_fn = get_jaxified_graph(inputs=roots, outputs=list(fgraph.outputs))
+    return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
+
+
+def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any]) -> list[np.ndarray]:
+    """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes."""
+    ours = dict(ours)
+    backend = ours.pop("postprocessing_backend")
+    strategy = ours.pop("postprocessing_vectorize")
+    arrays = [draws.arrays[name] for name in graph.input_names]
+    outputs, _ = _postprocess.run(graph.jax_fn, arrays, backend, strategy, False, **ours)
+    values: list[np.ndarray] = []
+    while outputs:
+        array = _host_array(outputs.pop(0), arrays)
+        array = array.reshape(draws.sample_shape + array.shape[2:])
+        dtype = graph.dtypes[len(values)]
+        values.append(array if array.dtype == dtype else array.astype(dtype))
+    return values
+
+
+class _Writable:
+    """Exposes a host array that only this object owns as writable (numpy's protocol)."""
+
+    def __init__(self, view: np.ndarray, owner: Any):
+        self._owner = (view, owner)  # keeps the memory alive as long as the array
+        self.__array_interface__ = view.__array_interface__ | {
+            "data": (view.__array_interface__["data"][0], False)
+        }
+
+
+def _host_array(output: jax.Array, inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """`output` as a writable numpy array, as pymc's are, without copying it when possible.
+
+    On the CPU, `np.asarray` of a jax array is a read-only view of its buffer. The buffer
+    belongs to this output alone (nothing else holds the jax array once `run` has
+    returned), so it is handed to numpy as writable. An output that passes an input through
+    may share the caller's draws, so it is copied, as pymc's would be.
+    """
+    view = np.asarray(output)
+    if view.size == 0 or any(np.may_share_memory(view, x) for x in inputs):
+        return np.array(view)
+    # Off the CPU, `view` is a host copy: the device buffer need not stay alive with it.
+    on_cpu = all(device.platform == "cpu" for device in output.devices())
+    return np.asarray(_Writable(view, output if on_cpu else None))
+
+
+def _to_dataset(model: Any, names: list[str], values: list, draws: _Draws, sample_dims) -> Any:
+    """The `Dataset` that pymc's `apply_function_over_dataset` builds from these values."""
+    import pymc
+    from pymc.backends.arviz import coords_and_dims_for_inferencedata, dict_to_dataset
+
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    trace = dict(zip(names, values))
+    if _pymc6():
+        return dict_to_dataset(
+            trace,
+            inference_library=pymc,
+            dims=dims,
+            coords={**coords, **draws.stacked_dims},
+            sample_dims=list(sample_dims),
+            skip_event_dims=True,
+        )
+    return dict_to_dataset(
+        trace,
+        library=pymc,
+        dims=dims,
+        coords=coords,
+        default_dims=list(sample_dims),
+        skip_event_dims=True,
+    )
+
+
+_PUBLIC.update(
+    compute_log_likelihood=compute_log_likelihood,
+    compute_log_prior=compute_log_prior,
+    compute_deterministics=compute_deterministics,
+)
