@@ -1,8 +1,8 @@
 """In-memory caches keyed weakly on the user's function, and `clear_caches`.
 
 A cache entry keyed on a model's `jax_fn` must not keep that function alive: it closes over
-the model's data, and its compiled executables hold their constants (measured: about
-120 MiB per model when held strongly). Entries here live as long as the function does, as
+the model's data, and its compiled executables hold their constants (docs/memory.md has
+what that cost when they were held strongly). Entries here live as long as the function does, as
 `jax.jit`'s own caches do, and each function keeps at most a few.
 """
 

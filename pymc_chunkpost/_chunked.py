@@ -16,13 +16,12 @@ The backward pass accumulates the cotangent of every loop-invariant input over t
 iterations. JAX writes that as `acc + dynamic_update_slice(zeros, ct, start)` (mapped inputs)
 and `acc + scatter_add(zeros, idx, ct)` (a gather from a broadcast input), which would be
 O(n) work per iteration, quadratic overall. XLA rewrites both into in-place updates of `acc`
-(`dynamic_update_slice(acc, acc[start] + ct, start)` and `scatter_add(acc, idx, ct)`). This was
-checked in the compiled HLO (jax 0.10 and 0.12, CPU) and measured in
-`benchmarks/bench_chunked_vmap.py`: the gradient time does not grow with the number of chunks
-(4 to 1024 chunks, with 16 MiB inputs), and `tests/test_chunked_vmap.py` asserts through
-`memory_analysis()` that no full-size cotangent is materialised per chunk. Reading the mapped
-inputs through the scan's `xs` instead would only apply to a leading axis that the chunk
-divides, and bought nothing measurable, so the loop keeps one path for every axis.
+(`dynamic_update_slice(acc, acc[start] + ct, start)` and `scatter_add(acc, idx, ct)`), so the
+gradient's time does not grow with the number of chunks (docs/chunked_vmap.md has the HLO
+check and the measurements), and `tests/test_chunked_vmap.py` asserts through
+`memory_analysis()` that no full-size cotangent is materialised per chunk. The loop keeps one
+path for every axis: reading the mapped inputs through the scan's `xs` would only serve a
+leading axis that the chunk divides.
 
 A mapped axis split over several devices stays split: `jax.shard_map` hands each device its
 own part, and the chunked loop runs inside each shard (docs/chunked_vmap.md). Without it, XLA
@@ -98,8 +97,8 @@ def _in_range(fn: Callable) -> Callable:
     """`fn` (a `lax` slice op) told that its start index is never negative, where jax can.
 
     The loop computes every start itself, in range; without the flag each slice and update
-    also wraps negative starts (a compare and a select), which XLA compiles for every buffer:
-    measured 5-8% of the compile time of a small model's loop (jax 0.10 and 0.12).
+    also wraps negative starts (a compare and a select), which XLA compiles for every buffer
+    (a few percent of a small model's compile time: docs/strategies.md).
     """
     if "allow_negative_indices" in inspect.signature(fn).parameters:
         return functools.partial(fn, allow_negative_indices=False)
@@ -114,7 +113,7 @@ write_slice = _in_range(lax.dynamic_update_slice_in_dim)
 def chunk_start(i, size: int, n: int):
     """Where chunk `i` of `size` items starts among `n`: the last chunk overlaps the one
     before instead of being smaller. A separate remainder step after the loop would make XLA
-    copy every output (measured: compiled temporaries then grow with `n`), and would compile
+    copy every output (its compiled temporaries would grow with `n`), and would compile
     the mapped function twice. The clamp is compiled only where `size` does not divide `n`."""
     return i * size if n % size == 0 else jnp.minimum(i * size, n - size)
 

@@ -331,13 +331,6 @@ def _segment_step(per_draw: Callable, n: int, size: int) -> Callable:
     return step
 
 
-@dataclasses.dataclass
-class Timing:
-    """What a host-driven run measured: seconds per draw for each chunk size it ran."""
-
-    seconds_per_draw: dict[int, float] = dataclasses.field(default_factory=dict)
-
-
 def execute(
     exe: Executable,
     samples: Sequence[jax.Array],

@@ -68,8 +68,8 @@ def free_bytes(device: jax.Device) -> int | None:
     On a GPU this is the allocator's pool left after JAX's preallocation
     (`bytes_limit - bytes_in_use` from `device.memory_stats()`; with preallocation off,
     `bytes_limit` is still the pool's ceiling, `XLA_PYTHON_CLIENT_MEM_FRACTION` of the GPU).
-    With `XLA_PYTHON_CLIENT_ALLOCATOR=platform` the GPU keeps no statistics: None (seen on an
-    H200, jax 0.11). On the CPU it is the operating system's available RAM (`MemAvailable`
+    With `XLA_PYTHON_CLIENT_ALLOCATOR=platform` the GPU keeps no statistics: None
+    (docs/memory.md). On the CPU it is the operating system's available RAM (`MemAvailable`
     of `/proc/meminfo`, or `os.sysconf` where that file is missing), capped by a cgroup
     memory limit if one is set.
     """

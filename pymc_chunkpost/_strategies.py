@@ -51,8 +51,8 @@ def _nested_scan(
     """Both axes looped, one draw at a time, chain after chain. Smallest temporaries, slowest.
 
     One loop over the flattened chain x draw axis: a loop nested inside a loop over chains
-    would build each chain's outputs in a temporary before copying them (measured on jax
-    0.12: temporaries then grow with draws).
+    would build each chain's outputs in a temporary before copying them (its temporaries
+    would grow with draws).
     """
     del chunk_size
     return _flat_chunked(fn, samples, 1, progress)
