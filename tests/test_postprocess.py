@@ -56,8 +56,8 @@ def test_jax_inputs_and_cpu_backend(built):
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_many_small_leaves_are_packed_and_exact():
-    """More than `PACK_MIN_COUNT` small per-draw arrays take the packed loop path."""
+def test_many_scalar_outputs_and_an_integer_one_are_exact():
+    """Twelve scalar inputs, a float and an integer deterministic, in an odd-sized chunk."""
     import pymc as pm
 
     with pm.Model() as model:
