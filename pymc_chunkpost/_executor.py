@@ -59,7 +59,7 @@ class Executable:
         loop: how its chunks are driven.
         chunk_size: draws per chunk (per shard), or None.
         compiled: for `Loop.NONE` and an XLA loop without progress, the `jax.stages.Compiled`
-            to call with the samples. For host-driven runs, a step the host calls:
+            to call with the samples; for host outputs, a chunk step per device. For host-driven runs, a step the host calls:
             `(outputs, samples, start) -> outputs` (`Loop.HOST`: one chunk at item `start`)
             or `(outputs, samples, first_chunk, end_chunk) -> outputs` (segments of an XLA
             loop, for progress).
@@ -147,17 +147,25 @@ def compile_executable(
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
     n_local = problem.n_local
     if output_memory == "host":
-        assert chunk_size is not None and problem.n_shards == 1, "host outputs: one device"
+        assert chunk_size is not None, "host outputs stream chunks"
         tic = time.perf_counter()
-        compiled = compile_host_chunks(
-            per_draw, problem.in_specs, chunk_size, device=problem.device
-        )
-        memory = compiled.memory_analysis()
+        # One chunk step per device that holds draws (one device, or each chain shard).
+        chains, draws = problem.local_shape
+        local = [
+            jax.ShapeDtypeStruct((chains, draws) + tuple(s.shape[2:]), s.dtype)
+            for s in problem.in_specs
+        ]
+        devices = problem.placement.local_devices if problem.n_shards > 1 else [problem.device]
+        steps = {
+            device: compile_host_chunks(per_draw, local, chunk_size, device=device)
+            for device in devices
+        }
+        memory = steps[devices[0]].memory_analysis()
         result = Executable(
             strategy=strategy,
             loop=Loop.HOST,
             chunk_size=chunk_size,
-            compiled=compiled,
+            compiled=steps,
             donated=(),
             progress=progress,
             segments=False,
@@ -166,7 +174,7 @@ def compile_executable(
             temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
             output_bytes=int(getattr(memory, "output_size_in_bytes", 0)),
             alias_bytes=0,
-            flops=_flops(compiled),
+            flops=_flops(steps[devices[0]]),
             problem=problem,
             output_memory="host",
         )
@@ -345,16 +353,51 @@ def execute(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         if exe.output_memory == "host":
-            problem = exe.problem
-            out_specs = [problem.out_specs[j] for j in problem.computed]
-            on_progress = on_chunk if exe.progress else None
-            n, size = problem.n_items, int(exe.chunk_size or problem.n_items)
-            return stream_to_host(exe.compiled, samples, n, size, out_specs, on_progress)
+            return _run_to_host(exe, samples)
         if exe.segments:
             return _run_segments(exe, samples)
         if exe.loop is Loop.HOST:
             return _run_chunks(exe, samples, tuner)
         return list(exe.compiled(*samples))
+
+
+def _run_to_host(exe: Executable, samples: Sequence[jax.Array]) -> list[np.ndarray]:
+    """Stream every device's chunks into one set of host arrays.
+
+    Draws split on the chain axis stream shard by shard, each into its own chains of the
+    outputs (a contiguous block: no copy); one device streams everything.
+    """
+    problem = exe.problem
+    out_specs = [problem.out_specs[j] for j in problem.computed]
+    outputs = [np.empty(s.shape, s.dtype) for s in out_specs]
+    size, n_local = int(exe.chunk_size or problem.n_local), problem.n_local
+    chains, draws = problem.local_shape
+    local_specs = [
+        jax.ShapeDtypeStruct((chains, draws) + tuple(s.shape[2:]), s.dtype) for s in out_specs
+    ]
+    done = 0
+
+    def progress(items, n):
+        on_chunk(done + items, problem.n_items)
+
+    for device, compiled in exe.compiled.items():
+        if problem.n_shards == 1:
+            local, where = list(samples), (slice(None),)
+        else:
+            shards = [next(s for s in x.addressable_shards if s.device == device) for x in samples]
+            local, where = [s.data for s in shards], shards[0].index[:1]
+        views = [o[where] for o in outputs]  # a block of whole chains: C-contiguous
+        stream_to_host(
+            compiled,
+            local,
+            n_local,
+            size,
+            local_specs,
+            progress if exe.progress else None,
+            out=views,
+        )
+        done += n_local
+    return outputs
 
 
 def _run_chunks(exe: Executable, samples: Sequence[jax.Array], tuner: Any) -> list[jax.Array]:

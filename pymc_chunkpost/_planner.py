@@ -265,17 +265,20 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
     if request == "device":
         return "device", "as requested"
     device = problem.device
-    can_stream = problem.n_shards == 1 and (
+    placement = problem.placement
+    # Split draws stream shard by shard, each into a block of whole chains of the outputs.
+    chain_split = placement.spec[1] is None and problem.n_local_shards == problem.n_shards
+    can_stream = (problem.n_shards == 1 or chain_split) and (
         device.platform == "cpu" or host_memory_kind(device) is not None
     )
     if request == "host":
         if not can_stream:
             raise ValueError(
-                "`output_memory='host'` streams one device's chunks to host memory, but the "
+                "`output_memory='host'` streams chunks into host arrays, but "
                 + (
-                    f"draws are split over {problem.n_shards} devices"
-                    if problem.n_shards > 1
-                    else f"device {device} has no host memory kind"
+                    f"device {device} has no host memory kind"
+                    if problem.n_shards == 1 or chain_split
+                    else "the draws are split on their draw axis or over several processes"
                 )
                 + ". Pass `output_memory='device'` (or 'auto'). Nothing was run."
             )
@@ -303,7 +306,7 @@ def _host_output_attempt(jax_fn, problem, budget, chunk_size, progress, why_host
     """Chunks computed on the device and landed in host memory: the device holds the draws,
     two chunks' outputs and one chunk's temporaries (`_host_output`)."""
     limit = math.inf if budget is None else budget
-    n = problem.n_items
+    n = problem.n_local
     per_item = problem.per_item_bytes + problem.intermediate_bytes
     if chunk_size is not None:
         size, why, source = min(chunk_size, n), "as requested", "requested"

@@ -99,13 +99,31 @@ def test_auto_never_chooses_host_on_a_cpu(wide):
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_host_on_split_draws_is_refused_before_work(built):
+@pytest.mark.parametrize("progressbar", [False, True])
+def test_host_on_chains_split_over_devices(built, progressbar):
+    """pymc's parallel chains leave one chain per device: each device streams its chains
+    into their block of the host outputs."""
     model, jax_fn = built("structured")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
-    raw = [jax.device_put(jnp.asarray(x), sharding) for x in models.raw_draws(model, 2, 5)]
-    with pytest.raises(ValueError, match="split over 2 devices"):
+    raw = [jax.device_put(jnp.asarray(x), sharding) for x in models.raw_draws(model, 4, 9)]
+    expected = reference(jax_fn, raw)
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", output_memory="host", chunk_size=4, progressbar=progressbar
+    )
+    assert plan.output_memory == "host" and plan.n_devices == 2
+    assert_same(outputs, expected)
+    assert all(isinstance(out, np.ndarray) for out in outputs)
+
+
+def test_host_on_draws_split_on_their_draw_axis_is_refused_before_work(built):
+    model, jax_fn = built("structured")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "d"))
+    raw = [jax.device_put(jnp.asarray(x), sharding) for x in models.raw_draws(model, 2, 6)]
+    with pytest.raises(ValueError, match="split on their draw axis"):
         pc.postprocess_samples(jax_fn, raw, None, "auto", output_memory="host")
+    assert not any(x.is_deleted() for x in raw)
 
 
 @pytest.mark.parametrize("bad", ["gpu", None, 3])
