@@ -555,7 +555,9 @@ def main(argv=None) -> int:
         help=f"{', '.join(SMOKE_MODELS)} at 2 x 50 draws, 1 repeat, {', '.join(SMOKE_CASES)}",
     )
     parser.add_argument(
-        "--tables-from", default=None, help="print the tables of an earlier --json; run none"
+        "--tables-from",
+        default=None,
+        help="print the tables of an earlier --json (or of its stderr log); run none",
     )
     parser.add_argument("--quiet", action="store_true", help="no run-by-run log on stderr")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -563,8 +565,14 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(*json.loads(args.child))))
         return 0
-    if args.tables_from:
-        earlier = json.loads(Path(args.tables_from).read_text())
+    if args.tables_from:  # a --json file, or the run-by-run log (JSON lines) of a partial run
+        text = Path(args.tables_from).read_text()
+        try:
+            earlier = json.loads(text)
+        except json.JSONDecodeError:
+            runs = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+            runs = [r for r in runs if r.get("case") != "reference"]
+            earlier = {"summary": summarise(runs, list(dict.fromkeys(r["case"] for r in runs)))}
         print(earlier.get("header", "") + "\n\n" + tables(earlier["summary"]))
         return 0
     sys.path.insert(0, str(ROOT))
