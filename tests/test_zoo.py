@@ -28,10 +28,17 @@ SMALL = {"many_scalars": lambda: many_scalars(n=20)}
 FULL_SIZE_ONLY_FOR = ("auto", "vmap")
 
 
-def tolerance(dtype) -> tuple[float, float]:
+# The GP's jittered 100 x 100 ExpQuad covariance is ill-conditioned: batched and per-draw
+# Cholesky calls (LAPACK) differ by up to ~3e-8 on jax 0.10 (rounding, amplified).
+ILL_CONDITIONED = {"gp": (1e-6, 1e-7)}
+
+
+def tolerance(name, dtype) -> tuple[float, float]:
     """(rtol, atol relative to the output's largest magnitude): summation orders differ
     between strategies, so values near zero are compared on the output's scale."""
-    return (1e-5, 1e-6) if dtype == np.float32 else (1e-10, 1e-12)
+    if dtype == np.float32:
+        return 1e-5, 1e-6
+    return ILL_CONDITIONED.get(name, (1e-10, 1e-12))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +66,7 @@ def zoo():
     return get
 
 
-def assert_equal_to_pymc(outputs, expected):
+def assert_equal_to_pymc(outputs, expected, name=""):
     assert len(outputs) == len(expected)
     for i, (got, want) in enumerate(zip(outputs, expected)):
         got = np.asarray(got)
@@ -68,7 +75,7 @@ def assert_equal_to_pymc(outputs, expected):
         if not np.issubdtype(want.dtype, np.inexact):
             np.testing.assert_array_equal(got, want, err_msg=f"output {i}")
             continue
-        rtol, scaled_atol = tolerance(want.dtype)
+        rtol, scaled_atol = tolerance(name, want.dtype)
         scale = float(np.max(np.abs(want))) if want.size else 0.0
         np.testing.assert_allclose(
             got, want, rtol=rtol, atol=scaled_atol * scale, err_msg=f"output {i}"
@@ -89,7 +96,7 @@ def test_matches_pymc(zoo, name, strategy):
     fn, raw, expected = zoo(name)
     options = {"chunk_size": CHUNK_SIZE} if strategy == "chunked" else {}
     outputs = pc.postprocess_samples(fn, raw, None, strategy, **options)
-    assert_equal_to_pymc(outputs, expected)
+    assert_equal_to_pymc(outputs, expected, name)
 
 
 @pytest.mark.parametrize("strategy", ["auto", "chunked", "vmap"])

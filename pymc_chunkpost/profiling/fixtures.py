@@ -389,6 +389,8 @@ def big_data(n_obs: int = 20_000, n_features: int = 10) -> pm.Model:
 def integer_dets(n_groups: int = 300) -> pm.Model:
     """Group means with integer deterministics: ranks (argsort), the best group (argmax) and a
     count; int64 outputs beside float ones."""
+    import pytensor.tensor as pt  # pymc 5's `pm.math` has no argsort
+
     rng = np.random.default_rng(300)
     y = rng.normal(rng.normal(0.0, 1.0, n_groups)[:, None], 1.0, (n_groups, 10))
     with pm.Model() as model:
@@ -396,8 +398,8 @@ def integer_dets(n_groups: int = 300) -> pm.Model:
         tau = pm.HalfNormal("tau", 1.0)
         z = pm.Normal("z", 0.0, 1.0, shape=n_groups)
         theta = pm.Deterministic("theta", mu + tau * z)
-        pm.Deterministic("rank", pm.math.argsort(pm.math.argsort(theta)))
-        pm.Deterministic("best", pm.math.argmax(theta))
+        pm.Deterministic("rank", pt.argsort(pt.argsort(theta)))
+        pm.Deterministic("best", pt.argmax(theta))
         pm.Deterministic("n_positive", (theta > 0).sum())
         pm.Normal("y", theta[:, None], 1.0, observed=y)
     return model
