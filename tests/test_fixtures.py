@@ -10,6 +10,7 @@ from pymc.sampling.jax import _postprocess_samples
 
 from pymc_chunkpost.profiling.fixtures import (
     FIXTURES,
+    ZOO,
     jax_fn,
     load_draws,
     load_model,
@@ -27,6 +28,40 @@ def built(request):
 def test_registry_has_the_required_fixtures():
     required = {"eight_schools", "wide", "hierarchical", "gp", "big_det", "many_scalars"}
     assert required <= set(FIXTURES)
+
+
+def test_the_zoo_holds_every_kind():
+    # Issue 12's kinds; the zoo benchmark runs exactly these.
+    kinds = {
+        "row-indexed hierarchical": "radon_slopes",
+        "dense basis": "basis",
+        "Cholesky GP": "gp",
+        "cumsum time series": "random_walk",
+        "softmax over classes": "softmax",
+        "LKJ/MvNormal": "lkj",
+        "mixture": "mixture",
+        "ZeroSum and simplex": "zerosum_simplex",
+        "many scalars": "many_scalars",
+        "large pm.Data": "big_data",
+        "integer deterministics": "integer_dets",
+        "eight schools": "eight_schools",
+    }
+    assert set(kinds.values()) <= set(ZOO) <= set(FIXTURES)
+    assert len(set(ZOO)) == len(ZOO) >= 12
+
+
+def test_zoo_transforms_and_dtypes():
+    # The kinds that a transform or a dtype defines really have it.
+    def transforms(name):
+        model = FIXTURES[name].build()
+        return {type(t).__name__ for t in model.rvs_to_transforms.values() if t is not None}
+
+    assert "ZeroSumTransform" in transforms("zerosum_simplex")
+    assert "SimplexTransform" in transforms("zerosum_simplex")
+    assert {"SimplexTransform", "Ordered"} <= transforms("mixture")
+    model = FIXTURES["integer_dets"].build()
+    dtypes = {v.name: v.dtype for v in output_vars(model)}
+    assert dtypes["rank"] == dtypes["best"] == dtypes["n_positive"] == "int64"
 
 
 def test_raw_draws_shapes_and_seeding(built):

@@ -24,6 +24,7 @@ import pymc as pm
 
 __all__ = [
     "FIXTURES",
+    "ZOO",
     "Fixture",
     "jax_fn",
     "load_draws",
@@ -277,6 +278,163 @@ def many_scalars(n: int = 200) -> pm.Model:
     return model
 
 
+# The zoo: the kinds of model that users post-process, at sizes they meet (issue 12). Each
+# takes about 0.1 s to a few seconds of post-processing on 2 cores at 4 x 1000 draws.
+
+
+def radon_slopes(n_obs: int = 20_000, n_groups: int = 468, n_features: int = 3) -> pm.Model:
+    """Row-indexed hierarchical regression: varying intercepts and slopes, gathered per row.
+
+    `mu = a[idx] + (X * slopes[:, idx].T).sum(-1)` over `n_obs` rows, the most common PyMC
+    shape (radon-style); `mu` is a deterministic of `n_obs` values per draw.
+    """
+    rng = np.random.default_rng(468)
+    idx = rng.integers(0, n_groups, n_obs)
+    X = rng.standard_normal((n_obs, n_features))
+    y = 1.0 + X @ np.array([0.5, -0.3, 0.2][:n_features]) + rng.standard_normal(n_obs)
+    with pm.Model() as model:
+        mu_a = pm.Normal("mu_a", 0.0, 5.0)
+        sigma_a = pm.HalfNormal("sigma_a", 1.0)
+        mu_b = pm.Normal("mu_b", 0.0, 1.0, shape=n_features)
+        sigma_b = pm.HalfNormal("sigma_b", 1.0, shape=n_features)
+        a_z = pm.Normal("a_z", 0.0, 1.0, shape=n_groups)
+        b_z = pm.Normal("b_z", 0.0, 1.0, shape=(n_features, n_groups))
+        a = pm.Deterministic("a", mu_a + sigma_a * a_z)
+        slopes = pm.Deterministic("slopes", mu_b[:, None] + sigma_b[:, None] * b_z)
+        mu = pm.Deterministic("mu", a[idx] + (X * slopes[:, idx].T).sum(-1))
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y", mu, sigma, observed=y)
+    return model
+
+
+def basis(n_obs: int = 4000, n_basis: int = 60) -> pm.Model:
+    """A dense basis expansion: Gaussian bumps, `mu = B @ beta` with `B` of `n_obs` x `n_basis`.
+
+    The coefficients get a random-walk (P-spline-like) prior; `mu` is the deterministic.
+    """
+    rng = np.random.default_rng(60)
+    x = np.linspace(0.0, 1.0, n_obs)
+    centres = np.linspace(0.0, 1.0, n_basis)
+    B = np.exp(-0.5 * ((x[:, None] - centres[None, :]) * n_basis) ** 2)
+    y = np.sin(6.0 * x) + 0.2 * rng.standard_normal(n_obs)
+    with pm.Model() as model:
+        tau = pm.HalfNormal("tau", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, shape=n_basis)
+        beta = pm.Deterministic("beta", tau * pm.math.cumsum(z))
+        mu = pm.Deterministic("mu", pm.math.dot(B, beta))
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y", mu, sigma, observed=y)
+    return model
+
+
+def random_walk(n_steps: int = 4000) -> pm.Model:
+    """A latent random walk by `cumsum` over `n_steps` steps, a softplus rate, Poisson counts."""
+    rng = np.random.default_rng(4000)
+    counts = rng.poisson(np.log1p(np.exp(np.cumsum(0.05 * rng.standard_normal(n_steps)))))
+    with pm.Model() as model:
+        level = pm.Normal("level", 0.0, 1.0)
+        sigma = pm.HalfNormal("sigma", 0.1)
+        innovations = pm.Normal("innovations", 0.0, 1.0, shape=n_steps)
+        walk = pm.Deterministic("walk", level + pm.math.cumsum(sigma * innovations))
+        rate = pm.Deterministic("rate", pm.math.log1pexp(walk))
+        pm.Poisson("counts", rate, observed=counts)
+    return model
+
+
+def softmax_regression(n_obs: int = 1000, n_features: int = 5, n_classes: int = 6) -> pm.Model:
+    """Multinomial (categorical) regression: a softmax over classes per row, pivot class 0."""
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((n_obs, n_features))
+    y = rng.integers(0, n_classes, n_obs)
+    with pm.Model() as model:
+        alpha = pm.Normal("alpha", 0.0, 1.0, shape=n_classes - 1)
+        beta = pm.Normal("beta", 0.0, 1.0, shape=(n_features, n_classes - 1))
+        eta = pt.concatenate([pt.zeros((n_obs, 1)), alpha + pm.math.dot(X, beta)], axis=1)
+        p = pm.Deterministic("p", pm.math.softmax(eta, axis=-1))
+        pm.Categorical("y", p=p, observed=y)
+    return model
+
+
+def mixture(n_obs: int = 2000, n_components: int = 3) -> pm.Model:
+    """A Gaussian mixture (`NormalMixture`, Dirichlet weights, ordered means) with each
+    observation's component responsibilities as a deterministic."""
+    rng = np.random.default_rng(3)
+    y = np.concatenate(
+        [rng.normal(m, 1.0, n_obs // n_components) for m in np.linspace(-4, 4, n_components)]
+    )
+    with pm.Model() as model:
+        w = pm.Dirichlet("w", np.ones(n_components))
+        mu = pm.Normal(
+            "mu",
+            0.0,
+            5.0,
+            shape=n_components,
+            transform=pm.distributions.transforms.ordered,
+            initval=np.linspace(-2.0, 2.0, n_components),
+        )
+        sigma = pm.HalfNormal("sigma", 2.0, shape=n_components)
+        pm.NormalMixture("y", w=w, mu=mu, sigma=sigma, observed=y)
+        log_joint = pm.math.log(w) + pm.logp(pm.Normal.dist(mu, sigma), y[:, None])
+        pm.Deterministic("responsibility", pm.math.softmax(log_joint, axis=-1))
+    return model
+
+
+def zerosum_simplex(n_stores: int = 40, n_products: int = 12) -> pm.Model:
+    """ZeroSum (`ZeroSumNormal`, one and two axes) and simplex (`Dirichlet` per row)
+    transforms: sales shares of products across stores."""
+    rng = np.random.default_rng(40)
+    sales = rng.poisson(20.0, (n_stores, n_products))
+    with pm.Model() as model:
+        base = pm.Normal("base", 3.0, 1.0)
+        store = pm.ZeroSumNormal("store", sigma=0.5, shape=n_stores)
+        interaction = pm.ZeroSumNormal(
+            "interaction", sigma=0.2, shape=(n_stores, n_products), n_zerosum_axes=2
+        )
+        share = pm.Dirichlet("share", np.ones((n_stores, n_products)))
+        total = pm.math.exp(base + store)[:, None]
+        rate = pm.Deterministic("rate", total * n_products * share * pm.math.exp(interaction))
+        pm.Poisson("sales", rate, observed=sales)
+    return model
+
+
+def big_data(n_obs: int = 20_000, n_features: int = 10) -> pm.Model:
+    """Logistic regression over a large `pm.Data` design matrix (1.6 MB) with summary
+    deterministics: each draw reads all the data and writes a few numbers."""
+    rng = np.random.default_rng(100_000)
+    X = rng.standard_normal((n_obs, n_features))
+    y = (X @ rng.standard_normal(n_features) + rng.logistic(size=n_obs) > 0).astype(np.int64)
+    with pm.Model() as model:
+        X_data = pm.Data("X", X)
+        y_data = pm.Data("y_data", y)
+        beta = pm.Normal("beta", 0.0, 1.0, shape=n_features)
+        logit = pm.math.dot(X_data, beta)
+        pm.Deterministic("accuracy", pm.math.eq(logit > 0, y_data).mean())
+        pm.Deterministic("mean_p", pm.math.sigmoid(logit).mean())
+        pm.Bernoulli("y", logit_p=logit, observed=y_data)
+    return model
+
+
+def integer_dets(n_groups: int = 300) -> pm.Model:
+    """Group means with integer deterministics: ranks (argsort), the best group (argmax) and a
+    count; int64 outputs beside float ones."""
+    import pytensor.tensor as pt  # pymc 5's `pm.math` has no argsort
+
+    rng = np.random.default_rng(300)
+    y = rng.normal(rng.normal(0.0, 1.0, n_groups)[:, None], 1.0, (n_groups, 10))
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        tau = pm.HalfNormal("tau", 1.0)
+        z = pm.Normal("z", 0.0, 1.0, shape=n_groups)
+        theta = pm.Deterministic("theta", mu + tau * z)
+        pm.Deterministic("rank", pt.argsort(pt.argsort(theta)))
+        pm.Deterministic("best", pt.argmax(theta))
+        pm.Deterministic("n_positive", (theta > 0).sum())
+        pm.Normal("y", theta[:, None], 1.0, observed=y)
+    return model
+
+
 FIXTURES: dict[str, Fixture] = {
     f.name: f
     for f in [
@@ -292,6 +450,28 @@ FIXTURES: dict[str, Fixture] = {
         Fixture("lkj", "LKJCholeskyCov(n=20) + MvNormal; correlation deterministics", lkj),
         Fixture("big_det", "regression with a 20k-point deterministic mu = X @ beta", big_det),
         Fixture("many_scalars", "200 scalar HalfNormals + their sum", many_scalars),
+        # The zoo's other kinds (issue 12).
+        Fixture(
+            "radon_slopes",
+            "row-indexed hierarchical: 20k rows, 468 groups, a[idx] + slopes[:, idx]",
+            radon_slopes,
+        ),
+        Fixture("basis", "dense basis expansion mu = B @ beta, 4000 rows x 60 bumps", basis),
+        Fixture(
+            "random_walk", "cumsum random walk, 4000 steps, softplus Poisson rate", random_walk
+        ),
+        Fixture(
+            "softmax",
+            "categorical regression: softmax over 6 classes, 1000 rows",
+            softmax_regression,
+        ),
+        Fixture("mixture", "NormalMixture, 3 components; 2000 responsibilities", mixture),
+        Fixture(
+            "zerosum_simplex", "ZeroSumNormal (1 and 2 axes) + Dirichlet rows", zerosum_simplex
+        ),
+        Fixture("big_data", "logistic regression over a 20k x 10 pm.Data; summaries", big_data),
+        Fixture("integer_dets", "300 group means; argsort ranks, argmax, a count", integer_dets),
+        # The demo's model: last.
         Fixture(
             "demo_basis_grid",
             "radial-basis regression, its fit on a 4000-point grid: pymc's vmap holds a "
@@ -301,6 +481,26 @@ FIXTURES: dict[str, Fixture] = {
         ),
     ]
 }
+
+# The zoo benchmark's models (benchmarks/bench_zoo.py): one of each kind, at a size users
+# meet. Variants of a zoo model (a smaller size for a demo) stay out of it.
+ZOO: tuple[str, ...] = (
+    "eight_schools",
+    "wide",
+    "hierarchical",
+    "gp",
+    "lkj",
+    "big_det",
+    "many_scalars",
+    "radon_slopes",
+    "basis",
+    "random_walk",
+    "softmax",
+    "mixture",
+    "zerosum_simplex",
+    "big_data",
+    "integer_dets",
+)
 
 
 # --------------------------------------------------------------------------------------------
