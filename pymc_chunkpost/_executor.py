@@ -59,7 +59,8 @@ class Executable:
         loop: how its chunks are driven.
         chunk_size: draws per chunk (per shard), or None.
         compiled: for `Loop.NONE` and an XLA loop without progress, the `jax.stages.Compiled`
-            to call with the samples; for host outputs, a chunk step per device. For host-driven runs, a step the host calls:
+            to call with the samples; for host outputs, a chunk step per device. For
+            host-driven runs, a step the host calls:
             `(outputs, samples, start) -> outputs` (`Loop.HOST`: one chunk at item `start`)
             or `(outputs, samples, first_chunk, end_chunk) -> outputs` (segments of an XLA
             loop, for progress).
