@@ -123,22 +123,24 @@ def compile_executable(
     donate: Sequence[int] = (),
     progress: bool = False,
     output_memory: str = "device",
+    segmented: bool = False,
 ) -> Executable:
     """Compile (or fetch from the cache) `strategy` for `problem`; nothing runs.
 
-    An XLA loop with `progress` compiles to segments that the host dispatches and reports on;
-    a callback inside the loop would cost more (docs/strategies.md). `output_memory="host"`
+    An XLA loop with `progress` or `segmented` compiles to segments that the host dispatches:
+    between two segments it reports progress, and the planner's tuner may switch chunk sizes
+    (a callback inside the loop would cost more: docs/strategies.md). `output_memory="host"`
     compiles the chunk step whose outputs are streamed to host memory (`Loop.HOST`, one
     device, nothing donated).
     """
     donate = tuple(donate)
     loop = Loop(loop)
-    key = (problem, strategy, loop, chunk_size, donate, progress, output_memory)
+    segments = loop is Loop.XLA and (progress or segmented)
+    key = (problem, strategy, loop, chunk_size, donate, progress, output_memory, segments)
     cached = _EXECUTABLES.get(jax_fn, key)
     if cached is not None:
         return cached
     computed = problem.computed
-    segments = loop is Loop.XLA and progress
 
     def per_draw(*values):
         outs = jax_fn(*values)
@@ -325,16 +327,21 @@ def _chunk_step(per_draw: Callable, n: int, size: int) -> Callable:
 
 
 def _segment_step(per_draw: Callable, n: int, size: int) -> Callable:
-    """Chunks `[lo, hi)` of the "chunked" XLA loop, written into the donated outputs."""
+    """`count` chunks of the "chunked" XLA loop from item `start` on (each start clamped so
+    the chunk fits: the last overlaps the one before), written into the donated outputs.
+    Segments of different chunk sizes tile the draws one after the other."""
 
-    def chunk(flat, outs, i):
-        start = chunk_start(i, size, n)
+    def chunk(flat, outs, start):
         ys = jax.vmap(per_draw)(*[read_slice(x, start, size, 0) for x in flat])
         return [write_slice(o, y, start, 0) for o, y in zip(outs, ys)]
 
-    def step(outs, samples, lo, hi):
+    def step(outs, samples, start, count):
         flat = _flat(samples, n)
-        flat_outs = lax.fori_loop(lo, hi, lambda i, o: chunk(flat, o, i), _flat(outs, n))
+
+        def body(i, outs):
+            return chunk(flat, outs, jnp.minimum(start + i * size, n - size))
+
+        flat_outs = lax.fori_loop(0, count, body, _flat(outs, n))
         return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
 
     return step
@@ -356,7 +363,7 @@ def execute(
         if exe.output_memory == "host":
             return _run_to_host(exe, samples)
         if exe.segments:
-            return _run_segments(exe, samples)
+            return _run_segments(exe, samples, tuner)
         if exe.loop is Loop.HOST:
             return _run_chunks(exe, samples, tuner)
         return list(exe.compiled(*samples))
@@ -421,7 +428,7 @@ def _run_chunks(exe: Executable, samples: Sequence[jax.Array], tuner: Any) -> li
         outs = step.compiled(outs, samples, np.int32(start))
         if tuner is not None and tuner.timing:
             jax.block_until_ready(outs)
-            tuner.record(step, time.perf_counter() - tic)
+            tuner.record(step, time.perf_counter() - tic, size)
         start += size
         if exe.progress:  # report work done, not work dispatched
             jax.block_until_ready(outs)
@@ -429,23 +436,38 @@ def _run_chunks(exe: Executable, samples: Sequence[jax.Array], tuner: Any) -> li
     return outs
 
 
-def _run_segments(exe: Executable, samples: Sequence[jax.Array]) -> list[jax.Array]:
-    """Run an XLA loop in segments: a small timed one first, then about `SEGMENT_SECONDS`
-    each, so that a short run takes two or three calls and a long one redraws the bar often
-    enough, and neither pays for more dispatches."""
-    problem, size = exe.problem, int(exe.chunk_size or 1)
+def _run_segments(exe: Executable, samples: Sequence[jax.Array], tuner: Any) -> list[Any]:
+    """Run an XLA loop in host-dispatched segments.
+
+    While anything is timed (a progress bar, or a tuner still measuring), the first segment
+    is small and later ones run about `SEGMENT_SECONDS` each (`tuner.segment_seconds` while
+    tuning), so a short run takes a few calls and a long one redraws the bar often enough;
+    once nothing is timed, the rest goes in one call. With a tuner, each segment's step (and
+    so its chunk size) is the tuner's choice.
+    """
+    problem = exe.problem
     n, n_shards = problem.n_local, problem.n_shards
-    n_chunks = -(-n // size)
     outs = list(exe.init())
-    per_call = max(1, int(n_chunks * FIRST_SEGMENT_FRACTION))
     samples = list(samples)
-    lo, tic = 0, time.perf_counter()
-    while lo < n_chunks:
-        hi = min(lo + per_call, n_chunks)
-        outs = exe.compiled(outs, samples, np.int32(lo), np.int32(hi))
-        jax.block_until_ready(outs)
-        on_chunk(min(hi * size, n) * n_shards, n * n_shards)
-        rate = hi / max(time.perf_counter() - tic, 1e-9)  # chunks per second
-        per_call = max(1, int(rate * SEGMENT_SECONDS))
-        lo = hi
+    start = 0
+    per_call = max(1, int(n * FIRST_SEGMENT_FRACTION))  # draws per segment
+    while start < n:
+        step = exe if tuner is None else tuner.next_step(start)
+        size = int(step.chunk_size or n)
+        tuning = tuner is not None and tuner.timing
+        timed = exe.progress or tuning
+        count = -(-(n - start) // size) if not timed else -(-min(per_call, n - start) // size)
+        tic = time.perf_counter()
+        outs = step.compiled(outs, samples, np.int32(start), np.int32(count))
+        start += count * size
+        if not timed:
+            continue
+        jax.block_until_ready(outs)  # report work done, not work dispatched
+        elapsed = max(time.perf_counter() - tic, 1e-9)
+        if tuning:
+            tuner.record(step, elapsed, count * size)
+        if exe.progress:
+            on_chunk(min(start, n) * n_shards, n * n_shards)
+        seconds = tuner.segment_seconds if tuning else SEGMENT_SECONDS
+        per_call = max(1, int(count * size / elapsed * seconds))
     return outs

@@ -56,7 +56,7 @@ __all__ = [
 #: The loop-free `vmap` runs when its compiled temporaries stay under this: below it, a
 #: loop's extra compiles and per-chunk costs outweigh what the temporaries cost in memory
 #: traffic; far above it, they go to DRAM and cost more than any loop (docs/strategies.md).
-VMAP_TEMP_BYTES = 256 * 2**20
+VMAP_TEMP_BYTES = 64 * 2**20
 #: ...and when its compiled peak is at most this fraction of the budget, leaving room for
 #: whatever else the process allocates meanwhile.
 COMFORT_FRACTION = 0.5
@@ -72,7 +72,7 @@ HOST_LOOP_MAX_CHUNKS = 64
 JUMP_FACTOR = 4
 #: The online tuner tries other chunk sizes only when at least this much work is left after
 #: the first chunks: below it, the compiles cannot pay for themselves.
-TUNE_MIN_SECONDS = 1.0
+TUNE_MIN_SECONDS = 3.0
 #: Each candidate size is timed over at least this many chunks and this many seconds (after
 #: one untimed warm-up chunk of each): shorter windows are lost in the noise of a busy machine.
 TUNE_CHUNKS = 2
@@ -97,8 +97,9 @@ def cache_bytes() -> int:
         return 2 * 2**20
 
 
-#: One chunk's working set that the planner aims for on a CPU: twice the L2 cache of a core.
-TARGET_CHUNK_BYTES = 2 * cache_bytes()
+#: One chunk's working set that the planner aims for on a CPU: twice the L2 cache of a core,
+#: and at least 4 MiB (smaller chunks lost to per-chunk costs on the zoo: docs/zoo.md).
+TARGET_CHUNK_BYTES = max(2 * cache_bytes(), 4 * 2**20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,11 +341,13 @@ def _host_output_attempt(jax_fn, problem, budget, chunk_size, progress, why_host
 def loop_for(problem: Problem, strategy: str) -> Loop:
     """The loop that chunks of `problem` run in: the one place this is decided.
 
-    `auto` drives chunks from the host, so that the tuner can change their size on the way
-    and a model with many buffers never meets XLA's slow-to-compile loops. An explicit
-    "chunked" is one XLA loop (it composes like `chunked_vmap`), except for many buffers.
+    An XLA loop, as `jax.lax.map` runs it (for `auto`, dispatched in segments, so that the
+    tuner can change the chunk size between them), except on a model with many buffers,
+    whose XLA loops take minutes to compile: there the host calls one straight-line chunk
+    step per chunk.
     """
-    if strategy == "auto" or problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
+    del strategy  # every request takes the same loop
+    if problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
         return Loop.HOST
     return Loop.XLA
 
@@ -427,7 +430,7 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
 
 
 def _compile(
-    jax_fn, problem, strategy, loop, size, donate, progress, output_memory="device"
+    jax_fn, problem, strategy, loop, size, donate, progress, output_memory="device", tuned=False
 ) -> Executable | None:
     """`compile_executable(...)`, or None if compiling ran out of device memory.
 
@@ -436,7 +439,7 @@ def _compile(
     """
     try:
         return compile_executable(
-            jax_fn, problem, strategy, loop, size, donate, progress, output_memory
+            jax_fn, problem, strategy, loop, size, donate, progress, output_memory, tuned
         )
     except jax.errors.JaxRuntimeError as error:
         if is_out_of_memory(error):
@@ -536,8 +539,9 @@ def first_attempt(
     else:
         size, why, source = resolve_chunk_size(n, chunk_size, None), "as requested", "requested"
     refined = False
+    tuned = strategy == "auto" and chunk_size is None  # the tuner may change the size
     while True:
-        exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress)
+        exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress, tuned=tuned)
         expected = size * (per_item_temp + problem.per_item_bytes)
         jumped = (  # a smaller chunk may avoid the jump; at one draw there is none
             exe is not None
@@ -567,7 +571,7 @@ def first_attempt(
                 problem, budget, exe, "chunked", reason, source, time.perf_counter() - tic
             )
             tuner = None
-            if strategy == "auto" and chunk_size is None and loop is Loop.HOST:
+            if tuned:
                 tuner = Tuner(jax_fn, exe, limit, donate, key)
             return Attempt(plan, exe, tuner)
         if size == 1:
@@ -646,7 +650,7 @@ class Tuner:
         self._problem = exe.problem
         size = int(exe.chunk_size or 1)
         self.steps: dict[int, Executable] = {size: exe}
-        self._times: dict[int, list[float]] = {}  # seconds of each timed chunk, per size
+        self._times: dict[int, list[tuple[float, int]]] = {}  # (seconds, draws) per size
         self._warm: set[int] = set()
         self._current = exe
         self.best = size
@@ -657,13 +661,17 @@ class Tuner:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.timing = True  # the executor times chunks while this is set
 
+    #: Seconds a timed segment should take while tuning.
+    segment_seconds = TUNE_WINDOW_SECONDS / TUNE_CHUNKS
+
     @property
     def seconds_per_draw(self) -> dict[int, float]:
-        """The median chunk's seconds per draw, for each size timed over a full window."""
+        """Seconds per draw, for each size timed over a full window (`TUNE_CHUNKS` timed
+        calls and `TUNE_WINDOW_SECONDS`): the median call's."""
         return {
-            size: float(np.median(ts)) / size
+            size: float(np.median([t / k for t, k in ts]))
             for size, ts in self._times.items()
-            if len(ts) >= TUNE_CHUNKS and sum(ts) >= TUNE_WINDOW_SECONDS
+            if len(ts) >= TUNE_CHUNKS and sum(t for t, _ in ts) >= TUNE_WINDOW_SECONDS
         }
 
     @property
@@ -683,15 +691,15 @@ class Tuner:
                 self._current = candidate
         return self._current
 
-    def record(self, step: Executable, seconds: float) -> None:
-        """A chunk of `step`'s size took `seconds` (the first of each size warms up)."""
+    def record(self, step: Executable, seconds: float, draws: int) -> None:
+        """A call of `step` took `seconds` for `draws` draws (each size's first warms up)."""
         size = int(step.chunk_size or 1)
         if size not in self._warm:
             self._warm.add(size)
             return
         times = self._times.setdefault(size, [])
         complete = size in self.seconds_per_draw
-        times.append(seconds)
+        times.append((seconds, draws))
         if not complete and size in self.seconds_per_draw and self.timing:
             self._decide()
 
@@ -725,14 +733,16 @@ class Tuner:
         self._pending = self._pool.submit(self._compile, target)
 
     def _compile(self, size: int) -> Executable | None:
+        first = self.steps[self._tried[0]]
         exe = _compile(
             self._jax_fn,
             self._problem,
             "chunked",
-            Loop.HOST,
+            first.loop,
             size,
             self._donate,
-            self._current.progress,
+            first.progress,
+            tuned=True,
         )
         if exe is None or exe.peak_bytes > self._limit:
             return None

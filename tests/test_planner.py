@@ -57,15 +57,13 @@ def test_plan_fields_and_budget(wider):
         plan.strategy = "vmap"  # type: ignore[misc]
     floor = 4 * 1000 * (5000 + 1) * 8  # mu and sigma; beta passes through
     assert plan.output_bytes == floor
-    # Loop-free: XLA fuses this model's temporaries away, and its peak is far below half the
-    # free memory.
-    assert plan.strategy == "vmap" and plan.loop == "none" and plan.source == "rule"
+    assert plan.source == "rule" and plan.planning_seconds >= plan.compile_seconds > 0
     free = _memory.free_bytes(jax.devices()[0])
     assert plan.budget_bytes * plan.n_devices == pytest.approx(free, rel=0.2)  # RAM, once
     assert plan.peak_bytes <= pc._planner.COMFORT_FRACTION * plan.budget_bytes
     # A budget that vmap's peak would not fit comfortably: a loop, within 10% of the floor.
     tight = pc.plan(jax_fn, raw, memory_budget=1.5 * floor)
-    assert tight.strategy == "chunked" and tight.loop == "host"
+    assert tight.strategy == "chunked" and tight.loop == "xla"
     per_device = 4000 // tight.n_devices  # chunks and peaks are per device
     assert tight.n_chunks == -(-per_device // tight.chunk_size)
     assert floor <= tight.peak_bytes * tight.n_devices <= 1.1 * floor
@@ -463,7 +461,7 @@ class TestSegmentsKeepTheDraws:
         outputs, plan = _postprocess.run(
             jax_fn, raw, None, "chunked", True, chunk_size=7, progressbar=True
         )
-        assert calls == [(i, i + 1) for i in range(9)]  # 9 chunks, one per segment
+        assert calls == [(7 * i, 1) for i in range(9)]  # 9 chunks, one per segment
         assert plan.loop == "xla" and plan.chunk_size == 7
         assert_same(outputs, expected)
         assert_donated(jax_fn, raw)
