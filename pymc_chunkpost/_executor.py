@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from ._cache import FunctionCache
-from ._chunked import chunk_start, read_slice, shard_map_unchecked, write_slice
+from ._chunked import read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
 from ._problem import Problem
 from ._progress import on_chunk

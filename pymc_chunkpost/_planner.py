@@ -764,7 +764,7 @@ class Tuner:
             if self.measured
             else "the compiled-analysis rule; the run was too short to tune"
         )
-        entry = {"loop": Loop.HOST.value, "chunk_size": self.best, "why": why}
+        entry = {"loop": self.steps[self.best].loop.value, "chunk_size": self.best, "why": why}
         _tuning.store(
             self._key, entry | {"seconds_per_draw": {str(k): v for k, v in rates.items()}}
         )
