@@ -524,7 +524,8 @@ def first_attempt(
                 plan = _make_plan(
                     problem, budget, whole, "vmap", reason, "rule", time.perf_counter() - tic
                 )
-                _tuning.store(key, {"loop": Loop.NONE.value, "chunk_size": None})
+                entry = {"loop": Loop.NONE.value, "chunk_size": None, "why": "compiled analysis"}
+                _tuning.store(key, entry)
                 return Attempt(plan, whole)
             per_item_temp = whole.temp_bytes / max(n, 1)  # the compiled evidence overrules
     if chunk_size is None:
