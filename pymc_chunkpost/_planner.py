@@ -56,7 +56,7 @@ __all__ = [
 #: The loop-free `vmap` runs when its compiled temporaries stay under this: below it, a
 #: loop's extra compiles and per-chunk costs outweigh what the temporaries cost in memory
 #: traffic; far above it, they go to DRAM and cost more than any loop (docs/strategies.md).
-VMAP_TEMP_BYTES = 64 * 2**20
+VMAP_TEMP_BYTES = 256 * 2**20
 #: ...and when its compiled peak is at most this fraction of the budget, leaving room for
 #: whatever else the process allocates meanwhile.
 COMFORT_FRACTION = 0.5
@@ -553,14 +553,15 @@ def first_attempt(
         if exe is not None and exe.peak_bytes <= limit and not jumped:
             if chunk_size is None and not refined and problem.device.platform == "cpu":
                 # The jaxpr's bound may be far off (XLA fuses gathers): size again from
-                # this chunk's compiled temporaries, once, if that moves the size 2x or more.
+                # this chunk's compiled temporaries, once, if that moves the size 4x or more
+                # (a second compile costs more than a chunk size within 4x of the best).
                 refined = True
                 measured = exe.temp_bytes / size
                 better, better_why = _fast_chunk_size(problem, measured, budget)
                 if loop is Loop.HOST and problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
                     better = max(better, -(-n // HOST_LOOP_MAX_CHUNKS))
                 better = _divisor_near(n, better)
-                if not size / 2 < better < size * 2:
+                if not size / 4 < better < size * 4:
                     size, why, per_item_temp = better, better_why, measured
                     why += " (from the compiled temporaries per draw)"
                     continue
@@ -620,7 +621,8 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
     except (KeyError, TypeError, ValueError):
         return None
     strategy = "vmap" if loop is Loop.NONE else "chunked"
-    exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress)
+    # The same executable the tuned run had (its segments cost one dispatch more).
+    exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress, tuned=True)
     if exe is None or exe.peak_bytes > limit:
         return None
     what = "No loop" if size is None else f"Chunks of {size} draws"
