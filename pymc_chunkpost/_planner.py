@@ -429,6 +429,22 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
     return size, why
 
 
+def _rule_chunk(
+    problem: Problem, loop: Loop, per_item_temp: float, budget: int | None
+) -> tuple[int, str]:
+    """The rule's chunk size for `loop`, and why: `_fast_chunk_size`, at most
+    `HOST_LOOP_MAX_CHUNKS` chunks in a host loop, rounded to a divisor of the draws."""
+    n = problem.n_local
+    size, why = _fast_chunk_size(problem, per_item_temp, budget)
+    if loop is Loop.HOST:
+        size = max(size, -(-n // HOST_LOOP_MAX_CHUNKS))
+        why += (
+            f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over "
+            f"{problem.n_buffers} buffers"
+        )
+    return _divisor_near(n, size), why
+
+
 def _compile(
     jax_fn, problem, strategy, loop, size, donate, progress, output_memory="device", tuned=False
 ) -> Executable | None:
@@ -529,14 +545,8 @@ def first_attempt(
                 return Attempt(plan, whole)
             per_item_temp = whole.temp_bytes / max(n, 1)  # the compiled evidence overrules
     if chunk_size is None:
-        size, why = _fast_chunk_size(problem, per_item_temp, budget)
-        if loop is Loop.HOST and problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
-            size = max(size, -(-n // HOST_LOOP_MAX_CHUNKS))
-            why += (
-                f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over "
-                f"{problem.n_buffers} buffers"
-            )
-        size, source = _divisor_near(n, size), "rule"
+        size, why = _rule_chunk(problem, loop, per_item_temp, budget)
+        source = "rule"
     else:
         size, why, source = resolve_chunk_size(n, chunk_size, None), "as requested", "requested"
     refined = False
@@ -557,10 +567,7 @@ def first_attempt(
                 # (a second compile costs more than a chunk size within 4x of the best).
                 refined = True
                 measured = exe.temp_bytes / size
-                better, better_why = _fast_chunk_size(problem, measured, budget)
-                if loop is Loop.HOST and problem.n_buffers > HOST_LOOP_MANY_BUFFERS:
-                    better = max(better, -(-n // HOST_LOOP_MAX_CHUNKS))
-                better = _divisor_near(n, better)
+                better, better_why = _rule_chunk(problem, loop, measured, budget)
                 if not size / 4 < better < size * 4:
                     size, why, per_item_temp = better, better_why, measured
                     why += " (from the compiled temporaries per draw)"
