@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
 from jax.sharding import PartitionSpec
 
 from ._cache import FunctionCache
@@ -141,9 +142,11 @@ def compile_executable(
     if cached is not None:
         return cached
     computed = problem.computed
+    # The jaxpr that `analyse` traced: evaluating it skips a second trace of `jax_fn`.
+    traced = jax_fn if problem.jaxpr is None else jaxpr_as_fun(problem.jaxpr)
 
     def per_draw(*values):
-        outs = jax_fn(*values)
+        outs = traced(*values)
         return [outs[j] for j in computed]
 
     sharding = problem.placement.sharding

@@ -576,9 +576,15 @@ def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
     cached = _GRAPHS.get(model, key)
     if cached is not None:
         return cached
-    graph_model, inputs, outputs, names = build()
+    from pytensor import config
+
+    # pytensor records a Python stack trace on every node it builds (for its own error
+    # messages); on a graph built here, not by the user, that is a third of the build time.
+    with config.change_flags(traceback__limit=0):
+        graph_model, inputs, outputs, names = build()
     try:
-        graph = _jaxify(graph_model, inputs, outputs, names)
+        with config.change_flags(traceback__limit=0):
+            graph = _jaxify(graph_model, inputs, outputs, names)
     except NotImplementedError as error:  # an Op with no JAX implementation
         return f"no JAX implementation: {error}"
     except ValueError as error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -101,6 +102,8 @@ class Problem:
         shared_bytes: bytes of the constants that every draw reads (the model's data).
         fingerprint: a stable text key of the per-draw function (its jaxpr), for the
             on-disk tuning cache.
+        jaxpr: the per-draw function as traced once here. The executor compiles from it,
+            so a Python-heavy function (a jaxified pytensor graph) is traced only once.
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -110,6 +113,7 @@ class Problem:
     intermediate_bytes: int = 0
     shared_bytes: int = 0
     fingerprint: str = dataclasses.field(default="", compare=False, repr=False)
+    jaxpr: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def device(self) -> jax.Device:
@@ -215,6 +219,7 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
         _intermediate_bytes(closed.jaxpr),
         shared,
         fingerprint=f"{closed.jaxpr}|{consts}",
+        jaxpr=closed,
     )
     _ANALYSES.put(jax_fn, key, problem)
     return problem
