@@ -1,9 +1,15 @@
 """The GPU paths, checked on a machine with a GPU: one prepared run, sections in order of worth.
 
-    python benchmarks/gpu_check.py --out OUT_DIR [--sections memory,oom,fixtures,sample,bench]
+    python benchmarks/gpu_check.py --out OUT_DIR \
+        [--sections host_output,memory,oom,fixtures,sample,bench]
 
 Sections (each writes `OUT_DIR/<section>.json` as soon as it ends, so a run cut short still
 reports what it finished):
+
+- `host_output`: issue 14's acceptance. A pool of about 1 GiB, 3 GiB of outputs: `auto` as
+  users call it, then each host transfer driven directly; success, the device's peak against
+  the draws plus two chunks' working sets, the speed against pymc's
+  `postprocessing_backend="cpu"`, and the values against pymc's.
 
 - `memory`: for each XLA client setting (`configure_memory`: preallocation on/off, the pool's
   fraction, the allocators), in a fresh process: what `device.memory_stats()` reports, what
@@ -360,9 +366,7 @@ def _child(args: list[str], timeout: float, env: dict | None = None) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# Outputs in host memory (issue 14). Not wired into the CLI's `--sections` yet; run it with
-#   python -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_check, json; \
-#              print(json.dumps(gpu_check.section_host_output(), indent=1, default=str))"
+# Outputs in host memory (issue 14): `--sections host_output`.
 
 #: The chunk step's chunk on the GPU: 64 draws of the 100k-point deterministic (51 MB of outputs).
 HOST_OUTPUT_CHUNK = 64
@@ -379,12 +383,14 @@ def child_host_output(n_obs: str, chunk_size: str, transfer: str) -> dict:
     from pymc_chunkpost._host_output import Transfer, compile_host_chunks, stream_to_host
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
 
-    n_obs, chunk_size, transfer = int(n_obs), int(chunk_size), Transfer(transfer)
+    planned = transfer == "auto"  # `postprocess_samples(..., "auto")`, as users call it
+    n_obs, chunk_size = int(n_obs), int(chunk_size)
+    transfer = Transfer.PINNED_COPY if planned else Transfer(transfer)
     device = jax.devices()[0]
     model = big_det(n_obs=n_obs)
     fn = jax_fn(model)
     host = raw_draws(model, 4, 1000, 0)
-    result = {"platform": device.platform, "transfer": transfer.value}
+    result = {"platform": device.platform, "transfer": "auto" if planned else transfer.value}
     result["stats_at_start"] = _stats(device)
     raw = [jax.device_put(x, device) for x in host]
     jax.block_until_ready(raw)
@@ -400,15 +406,29 @@ def child_host_output(n_obs: str, chunk_size: str, transfer: str) -> dict:
     reference = [np.asarray(v) for v in _postprocess_samples(fn, host, "cpu", "vmap", False)]
     result["pymc_cpu_seconds"] = time.perf_counter() - tic
     try:
-        tic = time.perf_counter()
-        compiled = compile_host_chunks(fn, specs, chunk_size, transfer=transfer)
-        result["compile_seconds"] = time.perf_counter() - tic
+        if planned:
+            from pymc_chunkpost import _postprocess
+
+            tic = time.perf_counter()
+            outputs, plan = _postprocess.run(fn, raw, None, "auto", False)
+            outputs = [np.asarray(x) for x in outputs]
+            result["compile_seconds"] = 0.0  # inside the call
+            result["run_seconds"] = time.perf_counter() - tic
+            result["plan"] = {k: str(v) for k, v in plan.__dict__.items()}
+            result["output_memory"] = plan.output_memory
+            chunk_size = int(plan.chunk_size or 1)
+            compiled = compile_host_chunks(fn, specs, chunk_size, transfer=transfer)
+        else:
+            tic = time.perf_counter()
+            compiled = compile_host_chunks(fn, specs, chunk_size, transfer=transfer)
+            result["compile_seconds"] = time.perf_counter() - tic
         memory = compiled.memory_analysis()
         chunk_bytes = int(memory.output_size_in_bytes) + int(memory.temp_size_in_bytes)
         result["chunk_working_set_bytes"] = chunk_bytes
-        tic = time.perf_counter()
-        outputs = stream_to_host(compiled, raw, 4000, chunk_size, out_specs, transfer=transfer)
-        result["run_seconds"] = time.perf_counter() - tic
+        if not planned:
+            tic = time.perf_counter()
+            outputs = stream_to_host(compiled, raw, 4000, chunk_size, out_specs, transfer=transfer)
+            result["run_seconds"] = time.perf_counter() - tic
         total = result["compile_seconds"] + result["run_seconds"]
         result["speedup_vs_pymc_cpu"] = result["pymc_cpu_seconds"] / total
         result["max_rel_diff"] = _max_rel_diff(outputs, reference)
@@ -426,6 +446,7 @@ def child_host_output(n_obs: str, chunk_size: str, transfer: str) -> dict:
             and result["speedup_vs_pymc_cpu"] >= 3
             and result["peak_within_bound"] is not False
             and result["draws_intact"]
+            and (not planned or device.platform == "cpu" or result["output_memory"] == "host")
         )
     except Exception as error:  # noqa: BLE001 - recorded for the report
         result["error"] = f"{type(error).__name__}: {str(error)[:600]}"
@@ -437,7 +458,8 @@ def child_host_output(n_obs: str, chunk_size: str, transfer: str) -> dict:
 def section_host_output(quick: bool = False, pool_gib: float = 1.0) -> dict:
     """Issue 14's acceptance: a ~1 GiB pool, 3 GiB of outputs streamed to host memory.
 
-    Checks per transfer: success, peak device memory <= the draws + 2 chunks' working sets
+    "auto" is `postprocess_samples(..., "auto")` as a user calls it: it must plan host
+    outputs by itself. The others drive the mechanism with one transfer each. Checks per case: success, peak device memory <= the draws + 2 chunks' working sets
     (outputs + temporaries of the compiled step), >= 3x faster (compile + run) than pymc's
     `postprocessing_backend="cpu"`, and the values equal to pymc's. The pool's fraction comes
     from the GPU's total memory (`nvidia-smi`), so that the pool is about `pool_gib`.
@@ -457,7 +479,7 @@ def section_host_output(quick: bool = False, pool_gib: float = 1.0) -> dict:
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         total_gib = None  # no GPU: the CPU try-out
     result = {"env": env, "gpu_total_GiB": total_gib}
-    for transfer in ("pinned_copy", "pinned_output", "view"):
+    for transfer in ("auto", "pinned_copy", "pinned_output", "view"):
         # One fresh process per transfer: the device's peak is per process.
         args = (str(n_obs), str(HOST_OUTPUT_CHUNK), transfer)
         code = (
@@ -490,7 +512,7 @@ def section_host_output(quick: bool = False, pool_gib: float = 1.0) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check_out")
-    parser.add_argument("--sections", default="memory,oom,fixtures,sample,bench")
+    parser.add_argument("--sections", default="host_output,memory,oom,fixtures,sample,bench")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a CPU try-out")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -525,6 +547,8 @@ def main(argv=None) -> int:
                 # gradients use atomics): compare with deterministic ops.
                 env = {"XLA_FLAGS": "--xla_gpu_deterministic_ops=true"}
                 value = _child([section, "quick" if args.quick else "full"], 200, env)
+            elif section == "host_output":
+                value = section_host_output(quick=args.quick)
             elif section == "bench":
                 cases = "pymc_vmap,lax_map:64,lax_map:4000,auto,auto_progress"
                 done = subprocess.run(
