@@ -459,8 +459,9 @@ def section_host_output(quick: bool = False, pool_gib: float = 1.0) -> dict:
     """Issue 14's acceptance: a ~1 GiB pool, 3 GiB of outputs streamed to host memory.
 
     "auto" is `postprocess_samples(..., "auto")` as a user calls it: it must plan host
-    outputs by itself. The others drive the mechanism with one transfer each. Checks per case: success, peak device memory <= the draws + 2 chunks' working sets
-    (outputs + temporaries of the compiled step), >= 3x faster (compile + run) than pymc's
+    outputs by itself. The others drive the mechanism with one transfer each. Checks per
+    case: success, peak device memory <= the draws + 2 chunks' working sets (outputs +
+    temporaries of the compiled step), >= 3x faster (compile + run) than pymc's
     `postprocessing_backend="cpu"`, and the values equal to pymc's. The pool's fraction comes
     from the GPU's total memory (`nvidia-smi`), so that the pool is about `pool_gib`.
     On a CPU it runs with small sizes (`quick`), the pool setting having no effect there.

@@ -216,7 +216,13 @@ def compile_executable(
             return strategy_fn(per_draw, list(samples), chunk_size, callback)
 
         args = tuple(specs)
-        jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)
+        if strategy == "vmap" and problem.n_shards > 1:
+            # No loop and no draw sees another: XLA's partitioner keeps the draws' split on
+            # its own (the outputs are pinned to it), and compiles this faster than shard_map
+            # does (docs/strategies.md).
+            jitted = jax.jit(run, donate_argnums=donate, out_shardings=sharding)
+        else:
+            jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)
         make_outputs = None
     tic = time.perf_counter()
     with warnings.catch_warnings():
@@ -289,25 +295,15 @@ def _per_shard(fn: Callable, problem: Problem, n_mapped: int) -> Callable:
         )
 
     def sharded(*args):
-        in_specs = specs_of(args)
-        out_shape = jax.eval_shape(fn, *_local_shapes(args, problem, n_mapped))
-        out_specs = jax.tree.map(lambda _: spec, out_shape)
-        mapped = shard_map_unchecked(fn, placement.mesh, in_specs, out_specs)
+        # Every output is split like the draws: `spec` is a prefix of the whole output tree
+        # (no second trace of `fn` to learn its structure).
+        mapped = shard_map_unchecked(fn, placement.mesh, specs_of(args), spec)
         return mapped(*args)
 
     return sharded
 
 
 P0 = PartitionSpec()
-
-
-def _local_shapes(args, problem: Problem, n_mapped: int):
-    chains, draws = problem.local_shape
-
-    def local(x):
-        return jax.ShapeDtypeStruct((chains, draws) + tuple(x.shape[2:]), x.dtype)
-
-    return [jax.tree.map(local, a) if i < n_mapped else a for i, a in enumerate(args)]
 
 
 def _flat(xs, n: int):
