@@ -53,9 +53,10 @@ __all__ = [
     "TARGET_CHUNK_BYTES",
 ]
 
-#: The loop-free `vmap` runs when its compiled temporaries stay under this: below it, a
-#: loop's extra compiles and per-chunk costs outweigh what the temporaries cost in memory
-#: traffic; far above it, they go to DRAM and cost more than any loop (docs/strategies.md).
+#: The loop-free `vmap` runs when its compiled temporaries stay under this (on a CPU, those
+#: of all its devices together: they share one memory): below it, a loop's extra compiles
+#: and per-chunk costs outweigh what the temporaries cost in memory traffic; far above it,
+#: they go to DRAM and cost more than any loop (docs/strategies.md).
 VMAP_TEMP_BYTES = 256 * 2**20
 #: ...and when its compiled peak is at most this fraction of the budget, leaving room for
 #: whatever else the process allocates meanwhile.
@@ -361,6 +362,19 @@ def _divisor_near(n: int, target: int) -> int:
     return target
 
 
+def _divisor_nearest(n: int, target: int) -> int:
+    """The divisor of `n` nearest to `target` by ratio, within a factor of 2; else `target`.
+
+    The rule's size is a target, not a limit (the compiled peak is checked against the budget
+    after): rounding 3 down to 2 would cost a third of the work per chunk, up to 4 a third more.
+    """
+    target = max(1, min(target, n))
+    divisors = [d for d in range(max(target // 2, 1), min(2 * target, n) + 1) if n % d == 0]
+    if not divisors:
+        return target
+    return min(divisors, key=lambda d: abs(math.log(d / target)))
+
+
 def smaller(n: int, size: int) -> int:
     """The next chunk size to try below `size`: about half, a divisor of `n` where one is
     near (it then needs no overlapping last chunk). The one rule for halving, used by the
@@ -442,7 +456,7 @@ def _rule_chunk(
             f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over "
             f"{problem.n_buffers} buffers"
         )
-    return _divisor_near(n, size), why
+    return _divisor_nearest(n, size), why
 
 
 def _compile(
@@ -528,13 +542,21 @@ def first_attempt(
     n = problem.n_local
     per_item_temp = float(problem.intermediate_bytes)
     comfortable = COMFORT_FRACTION * limit
-    if strategy == "auto" and chunk_size is None and n * per_item_temp <= 4 * VMAP_TEMP_BYTES:
+    # On a CPU every shard's temporaries go through the one memory system they share.
+    sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
+    if (
+        strategy == "auto"
+        and chunk_size is None
+        and sharing * n * per_item_temp <= 4 * VMAP_TEMP_BYTES
+    ):
         whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress)
         if whole is not None:
-            if whole.temp_bytes <= VMAP_TEMP_BYTES and whole.peak_bytes <= comfortable:
+            temps = sharing * whole.temp_bytes
+            if temps <= VMAP_TEMP_BYTES and whole.peak_bytes <= comfortable:
                 reason = (
-                    f"No loop: the loop-free vmap needs {_mib(whole.temp_bytes)} of "
-                    f"temporaries and {_mib(whole.peak_bytes)} in all, within "
+                    f"No loop: the loop-free vmap needs {_mib(temps)} of temporaries"
+                    + (f" ({sharing} devices sharing one memory)" if sharing > 1 else "")
+                    + f" and {_mib(whole.peak_bytes)} per device in all, within "
                     f"{COMFORT_FRACTION:.0%} of {_budget_text(budget)}."
                 )
                 plan = _make_plan(

@@ -581,3 +581,13 @@ def test_a_fixed_strategy_over_an_explicit_budget_is_refused_before_work(wide):
     outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", memory_budget=exe.peak_bytes)
     assert plan.peak_bytes <= plan.budget_bytes
     assert_same(outputs, reference(jax_fn, raw))
+
+
+@pytest.mark.parametrize(
+    "n, target, size",
+    [(4000, 3, 4), (4000, 7, 8), (4000, 12, 10), (4000, 5000, 4000), (997, 10, 10), (12, 1, 1)],
+)
+def test_rule_rounds_to_the_nearest_divisor(n, target, size):
+    """The rule's size goes to the divisor of the draws nearest by ratio, within a factor of
+    2 (no overlapping last chunk), or stays as it is when there is none (a prime count)."""
+    assert _planner._divisor_nearest(n, target) == size

@@ -135,3 +135,21 @@ def test_single_device_draws_spread_over_accelerators(built, monkeypatch):
         jax_fn, [jnp.asarray(x) for x in models.raw_draws(model, 1, 50)], None, "auto"
     )
     assert plan.n_devices == 2 and "draw axis" in plan.devices_reason
+
+
+def test_vmap_threshold_counts_every_cpu_device(built, monkeypatch):
+    """On a CPU the devices share one memory system: `auto` weighs the loop-free vmap's
+    temporaries of all devices together, not one device's."""
+    from pymc_chunkpost._executor import Loop, compile_executable
+
+    model, jax_fn = built("data_regression")
+    raw = _sharded(models.raw_draws(model, 4, 500), SPECS["chains"])
+    problem, _ = _postprocess._validate(jax_fn, raw, None)
+    per_device = compile_executable(jax_fn, problem, "vmap", Loop.NONE, None).temp_bytes
+    assert per_device > 0
+    expected = reference(jax_fn, raw)
+    for threshold, strategy in ((2 * per_device, "chunked"), (5 * per_device, "vmap")):
+        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", threshold)
+        outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+        assert plan.strategy == strategy, plan.reason
+        assert_same(outputs, expected)
