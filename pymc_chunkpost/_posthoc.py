@@ -578,19 +578,18 @@ def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
         return cached
     from pytensor import config
 
-    # pytensor records a Python stack trace on every node it builds (for its own error
-    # messages); on a graph built here, not by the user, that is a third of the build time.
+    # pytensor records a Python stack trace on every node it builds, for errors in the
+    # user's own graph; these graphs are ours, built from a model that already compiled.
     with config.change_flags(traceback__limit=0):
         graph_model, inputs, outputs, names = build()
-    try:
-        with config.change_flags(traceback__limit=0):
+        try:
             graph = _jaxify(graph_model, inputs, outputs, names)
-    except NotImplementedError as error:  # an Op with no JAX implementation
-        return f"no JAX implementation: {error}"
-    except ValueError as error:
-        if "RandomType" not in str(error):
-            raise
-        return "the graph draws random numbers"
+        except NotImplementedError as error:  # an Op with no JAX implementation
+            return f"no JAX implementation: {error}"
+        except ValueError as error:
+            if "RandomType" not in str(error):
+                raise
+            return "the graph draws random numbers"
     _GRAPHS.put(model, key, graph)
     return graph
 
@@ -650,8 +649,8 @@ def _jaxified_graph(inputs: list, outputs: list) -> Callable:
     """`pymc.sampling.jax.get_jaxified_graph`, with the graph's array constants kept as numpy.
 
     pytensor turns each constant into a JAX array with `jnp.array`, which on jax 0.12 compiles
-    one small program per new shape and dtype (about 6 ms each, before any work). As numpy
-    arrays they become the same constants of the traced program, without those compiles.
+    one small program per new shape and dtype (docs/posthoc.md). As numpy arrays they become
+    the same constants of the traced program, without those compiles.
     """
     from pymc.sampling.jax import _replace_shared_variables
     from pytensor.compile import mode
