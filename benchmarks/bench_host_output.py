@@ -30,13 +30,6 @@ CASES = ("device", "host_view", "host_pinned_copy", "host_pinned_output")
 MiB = 2**20
 
 
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def child(case: str, n_obs: int, chains: int, draws: int, chunk_size: int) -> dict:
     sys.path.insert(0, str(ROOT))
     import warnings
@@ -49,6 +42,7 @@ def child(case: str, n_obs: int, chains: int, draws: int, chunk_size: int) -> di
     from pymc_chunkpost import chunked_vmap
     from pymc_chunkpost._host_output import Transfer, compile_host_chunks, stream_to_host
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
+    from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     model = big_det(n_obs=n_obs)
     fn = jax_fn(model)
@@ -75,13 +69,12 @@ def child(case: str, n_obs: int, chains: int, draws: int, chunk_size: int) -> di
             return stream_to_host(compiled, raw, n, chunk_size, out_specs, transfer=transfer)
 
     compile_seconds = time.perf_counter() - tic
-    base = _status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    base = status_bytes("VmRSS")
+    reset_peak()
     tic = time.perf_counter()
     outs = go()  # the first run: it pays first-touch page faults and one-off set-up costs
     first_seconds = time.perf_counter() - tic
-    peak = _status("VmHWM") - base
+    peak = status_bytes("VmHWM") - base
     del outs
     tic = time.perf_counter()
     outs = go()  # the second run: memory the allocators kept from the first is reused

@@ -37,19 +37,6 @@ METHODS = ("ours", "pymc_jax", "pymc_default")
 CHAINS, DRAWS = 4, 1000
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def build(case: str):
     """The model and a (4, 1000) posterior Dataset of its free variables (seeded)."""
     import numpy as np
@@ -115,6 +102,7 @@ def child(case: str, method: str, after_sampling: bool) -> dict:
     import pymc as pm
 
     import pymc_chunkpost
+    from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     pymc6 = int(pm.__version__.split(".")[0]) >= 6
     model, posterior = build(case)
@@ -149,13 +137,13 @@ def child(case: str, method: str, after_sampling: bool) -> dict:
     result = {"case": case, "method": method, "pymc": pm.__version__, "jax": jax.__version__}
     for phase in ("cold", "warm"):
         gc.collect()
-        base = _status("VmRSS")
-        _reset_peak()
+        base = status_bytes("VmRSS")
+        reset_peak()
         tic = time.perf_counter()
         out = call()
         seconds = time.perf_counter() - tic
         result[f"{phase}_s"] = seconds
-        result[f"{phase}_peak"] = _status("VmHWM") - base
+        result[f"{phase}_peak"] = status_bytes("VmHWM") - base
         result["floor"] = int(sum(v.values.nbytes for v in out.data_vars.values()))
         checksum = float(np.sum(out["y" if "y" in out else "obs"].values))
         result["checksum"] = checksum

@@ -32,19 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (8, 64, 512)
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     """Run one case in this (fresh) process; returns its measurements."""
     import warnings
@@ -58,6 +45,7 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
 
     from pymc_chunkpost import _postprocess, _problem
     from pymc_chunkpost.profiling.fixtures import on_device
+    from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     _, fn, raw = on_device(fixture, chains, draws)
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
@@ -92,8 +80,8 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     device = jax.devices()[0]
     on_host = device.platform == "cpu"  # else: the device's own peak, from its allocator
     if on_host:
-        base = _status("VmRSS")
-        _reset_peak()
+        base = status_bytes("VmRSS")
+        reset_peak()
     else:
         base = device.memory_stats()["bytes_in_use"]
     tic = time.perf_counter()
@@ -135,7 +123,7 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     jax.block_until_ready(outputs)
     total = time.perf_counter() - tic
     if on_host:
-        peak = _status("VmHWM") - base
+        peak = status_bytes("VmHWM") - base
     else:
         peak = device.memory_stats()["peak_bytes_in_use"] - base
     checksum = float(sum(np.asarray(jnp.sum(jnp.asarray(o, jnp.float64))) for o in outputs))

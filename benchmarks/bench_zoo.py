@@ -97,19 +97,6 @@ def check_cases(cases: list[str], devices: int) -> None:
 # The child: one case on one model, in this fresh process.
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def _jsonable(value):
     """`value` with what JSON cannot hold left out (enums become their values)."""
     if isinstance(value, enum.Enum):
@@ -228,6 +215,7 @@ def child(model: str, case: str, chains: int, draws: int, devices: int, ref_dir:
     import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
 
     from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn
+    from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     if devices > 1 and jax.device_count() < devices:
         raise RuntimeError(f"{devices} devices wanted, {jax.device_count()} present")
@@ -275,8 +263,8 @@ def child(model: str, case: str, chains: int, draws: int, devices: int, ref_dir:
 
     # With pymc loaded, one full collection takes about 0.2 s: start with none pending.
     gc.collect()
-    rss_before = _status("VmRSS")
-    _reset_peak()
+    rss_before = status_bytes("VmRSS")
+    reset_peak()
     tic = time.perf_counter()
     if name in AUTO_CASES:
         from pymc_chunkpost import _postprocess
@@ -302,7 +290,7 @@ def child(model: str, case: str, chains: int, draws: int, devices: int, ref_dir:
         raise ValueError(f"unknown case {case!r}")
     jax.block_until_ready(outputs)
     seconds = time.perf_counter() - tic
-    vmhwm = _status("VmHWM")
+    vmhwm = status_bytes("VmHWM")
     result.update(
         seconds=seconds,
         vmhwm_bytes=vmhwm,

@@ -33,15 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 WHICH = ("ours", "pymc")
 
 
-def rss_bytes() -> int:
-    """The resident set size of this process, from /proc/self/status."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
-
-
 def build(seed: int, rows: int, cols: int):
     """A regression over a fresh `rows` x `cols` matrix, with R^2 as a deterministic."""
     import numpy as np
@@ -66,10 +57,11 @@ def loop(which: str, models: int, rows: int, cols: int, chains: int, draws: int)
 
     from pymc_chunkpost import postprocess_samples
     from pymc_chunkpost.profiling.fixtures import jax_fn, raw_draws
+    from pymc_chunkpost.profiling.proc import status_bytes
 
     def report(i: int) -> None:
         gc.collect()
-        print(json.dumps({"model": i, "rss": rss_bytes()}), flush=True)
+        print(json.dumps({"model": i, "rss": status_bytes("VmRSS")}), flush=True)
 
     report(0)
     for i in range(1, models + 1):
