@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec
 from ._cache import FunctionCache
 from ._chunked import read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
+from ._memory import TRIM_MIN_BYTES, release_freed_heap
 from ._problem import Problem
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE
@@ -166,6 +167,7 @@ def compile_executable(
             device: compile_host_chunks(per_draw, local, chunk_size, device=device)
             for device in devices
         }
+        _after_compile(problem, output_memory)
         memory = steps[devices[0]].memory_analysis()
         result = Executable(
             strategy=strategy,
@@ -236,6 +238,7 @@ def compile_executable(
         compiled = lowered.compile()
         init = None if pending is None else pending.result()
     compile_seconds = time.perf_counter() - toc
+    _after_compile(problem, output_memory)
     memory = compiled.memory_analysis()
     result = Executable(
         strategy=strategy,
@@ -256,6 +259,14 @@ def compile_executable(
     )
     _EXECUTABLES.put(jax_fn, key, result)
     return result
+
+
+def _after_compile(problem: Problem, output_memory: str) -> None:
+    """Invariant: outputs of `TRIM_MIN_BYTES` or more that land in host memory are written
+    after the compiler's freed heap has gone back to the OS (`release_freed_heap`)."""
+    host = output_memory == "host" or problem.device.platform == "cpu"
+    if host and problem.output_bytes >= TRIM_MIN_BYTES:
+        release_freed_heap()
 
 
 def _flops(compiled) -> float:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 import warnings
 from typing import Literal
@@ -108,6 +111,34 @@ def _cgroup_free_bytes() -> int | None:
         return int(limit) - current
     except (OSError, ValueError):
         return None
+
+
+#: After a compile, when at least this many bytes of outputs are about to be written to host
+#: memory, the heap pages that XLA's compiler freed are first given back to the OS
+#: (`release_freed_heap`): they are then not counted on top of the outputs (docs/memory.md).
+TRIM_MIN_BYTES = 32 * 2**20
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
+    except (AttributeError, OSError):  # not glibc (macOS, musl): no such call
+        return None
+
+
+def release_freed_heap() -> bool:
+    """Give the C heap's free pages back to the OS (glibc's `malloc_trim`).
+
+    XLA's compiler works in the C heap and frees into it; large outputs are mapped apart
+    and never reuse those pages, so until they are given back they stay in the process's
+    resident memory on top of the outputs. False where the C library has no such call.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def configure_memory(

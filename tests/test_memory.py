@@ -76,3 +76,34 @@ def test_before_jax_starts_there_is_no_warning_and_jax_sees_it():
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5",
     }
+
+
+def test_freed_heap_goes_back_to_the_os():
+    """What `compile_executable` calls after XLA's compiler has freed its working memory."""
+    import ctypes
+    import ctypes.util
+
+    from pymc_chunkpost._memory import release_freed_heap
+    from pymc_chunkpost.profiling.proc import status_bytes
+
+    if not release_freed_heap():
+        pytest.skip("this C library has no malloc_trim")
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    # 48 MiB of heap blocks (below the mmap threshold), written, then freed behind a block
+    # that keeps the heap's top in place: the C library keeps their pages resident.
+    size = 64 * 2**10
+    blocks = [libc.malloc(size) for _ in range(768)]
+    for block in blocks:
+        ctypes.memset(block, 1, size)
+    pin = libc.malloc(size)
+    before = status_bytes("VmRSS")
+    for block in blocks:
+        libc.free(block)
+    freed = status_bytes("VmRSS")
+    release_freed_heap()
+    after = status_bytes("VmRSS")
+    libc.free(pin)
+    assert before - freed < 16 * 2**20  # freeing alone returns (almost) nothing
+    assert freed - after > 32 * 2**20
