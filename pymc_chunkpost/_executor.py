@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import jaxpr_as_fun
 from jax.sharding import PartitionSpec
 
 from ._cache import FunctionCache
 from ._chunked import read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
+from ._jaxpr_eval import draw_major_fun
 from ._memory import TRIM_MIN_BYTES, release_freed_heap
 from ._problem import Problem
 from ._progress import on_chunk
@@ -143,8 +143,9 @@ def compile_executable(
     if cached is not None:
         return cached
     computed = problem.computed
-    # The jaxpr that `analyse` traced: evaluating it skips a second trace of `jax_fn`.
-    traced = jax_fn if problem.jaxpr is None else jaxpr_as_fun(problem.jaxpr)
+    # The jaxpr that `analyse` traced: evaluating it skips a second trace of `jax_fn`, and
+    # computes data-times-draw products draw-major (`_jaxpr_eval`).
+    traced = jax_fn if problem.jaxpr is None else draw_major_fun(problem.jaxpr)
 
     def per_draw(*values):
         outs = traced(*values)
@@ -218,10 +219,11 @@ def compile_executable(
             return strategy_fn(per_draw, list(samples), chunk_size, callback)
 
         args = tuple(specs)
-        if strategy == "vmap" and problem.n_shards > 1:
+        if strategy == "vmap" and problem.n_shards > 1 and problem.placement.spec[1] is None:
             # No loop and no draw sees another: XLA's partitioner keeps the draws' split on
             # its own (the outputs are pinned to it), and compiles this faster than shard_map
-            # does (docs/strategies.md).
+            # does (docs/strategies.md). Only whole chains per device: the vmap flattens
+            # chains x draws, which keeps a chain split in contiguous blocks.
             jitted = jax.jit(run, donate_argnums=donate, out_shardings=sharding)
         else:
             jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)

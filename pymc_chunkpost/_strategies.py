@@ -24,9 +24,15 @@ _Progress = Callable[[jax.Array, int], None] | None
 def _vmap(
     fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
 ) -> list[jax.Array]:
-    """Both axes vmapped: pymc's default. Fast; temporaries scale with chains x draws."""
+    """Every draw at once (pymc's default). Fast; temporaries scale with chains x draws.
+
+    One vmap over the flattened chain x draw axis, not one vmap per axis: with two batch
+    dimensions XLA lays some gathers out transposed and copies the result (docs/strategies.md).
+    """
     del chunk_size, progress
-    return jax.vmap(jax.vmap(fn))(*samples)
+    chains, draws = samples[0].shape[:2]
+    flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast
+    return [y.reshape((chains, draws) + y.shape[1:]) for y in jax.vmap(fn)(*flat)]
 
 
 def _vmap_scan(

@@ -142,7 +142,7 @@ def test_vmap_threshold_counts_every_cpu_device(built, monkeypatch):
     temporaries of all devices together, not one device's."""
     from pymc_chunkpost._executor import Loop, compile_executable
 
-    model, jax_fn = built("data_regression")
+    model, jax_fn = built("transforms")  # a vmap with temporaries (not a product by data)
     raw = _sharded(models.raw_draws(model, 4, 500), SPECS["chains"])
     problem, _ = _postprocess._validate(jax_fn, raw, None)
     per_device = compile_executable(jax_fn, problem, "vmap", Loop.NONE, None).temp_bytes
