@@ -565,11 +565,11 @@ class TestWarningsPointAtTheCaller:
         assert {w.filename for w in caught if "unknown" in str(w.message)} == {__file__}
 
 
-def test_a_fixed_strategy_over_an_explicit_budget_is_refused_before_work(wide):
+def test_a_fixed_strategy_over_an_explicit_budget_is_refused_before_work(built):
     """`memory_budget` covers outputs and temporaries for every strategy: a fixed strategy
     whose compiled peak exceeds it raises before anything runs, and a plan never reports a
     peak over its budget."""
-    model, jax_fn = wide
+    model, jax_fn = built("transforms")  # its vmap has temporaries beyond the outputs
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
     copies = [np.asarray(x).copy() for x in raw]
     exe = compile_for(jax_fn, raw, "vmap")
