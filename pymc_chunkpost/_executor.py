@@ -28,7 +28,7 @@ from ._jaxpr_eval import draw_major_fun
 from ._memory import TRIM_MIN_BYTES, release_freed_heap
 from ._problem import Problem
 from ._progress import on_chunk
-from ._strategies import STRATEGY_TABLE
+from ._strategies import STRATEGY_TABLE, flat_vmap
 
 __all__ = ["Loop", "Executable", "compile_executable", "execute"]
 
@@ -209,7 +209,9 @@ def compile_executable(
             out_shardings=[sharding] * len(out_specs),
         ).lower()
     else:
-        strategy_fn = STRATEGY_TABLE[strategy]
+        flat = strategy == "vmap" and problem.gathers_draws
+        whole_chains = problem.placement.spec[1] is None
+        strategy_fn = flat_vmap if flat else STRATEGY_TABLE[strategy]
         n_shards = problem.n_shards
         callback = None
         if progress:
@@ -219,11 +221,11 @@ def compile_executable(
             return strategy_fn(per_draw, list(samples), chunk_size, callback)
 
         args = tuple(specs)
-        if strategy == "vmap" and problem.n_shards > 1 and problem.placement.spec[1] is None:
+        if strategy == "vmap" and problem.n_shards > 1 and (not flat or whole_chains):
             # No loop and no draw sees another: XLA's partitioner keeps the draws' split on
             # its own (the outputs are pinned to it), and compiles this faster than shard_map
-            # does (docs/strategies.md). Only whole chains per device: the vmap flattens
-            # chains x draws, which keeps a chain split in contiguous blocks.
+            # does (docs/strategies.md). Flattened chains x draws stay in contiguous blocks
+            # only when each device holds whole chains.
             jitted = jax.jit(run, donate_argnums=donate, out_shardings=sharding)
         else:
             jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ._cache import FunctionCache
@@ -104,6 +105,7 @@ class Problem:
             on-disk tuning cache.
         jaxpr: the per-draw function as traced once here. The executor compiles from it,
             so a Python-heavy function (a jaxified pytensor graph) is traced only once.
+        gathers_draws: whether the function gathers or scatters values of the draw.
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -114,6 +116,7 @@ class Problem:
     shared_bytes: int = 0
     fingerprint: str = dataclasses.field(default="", compare=False, repr=False)
     jaxpr: Any = dataclasses.field(default=None, compare=False, repr=False)
+    gathers_draws: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def device(self) -> jax.Device:
@@ -220,6 +223,7 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
         shared,
         fingerprint=f"{closed.jaxpr}|{consts}",
         jaxpr=closed,
+        gathers_draws=_gathers_draws(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
     )
     _ANALYSES.put(jax_fn, key, problem)
     return problem
@@ -271,6 +275,25 @@ def _intermediate_bytes(jaxpr) -> int:
                 if id(v) not in outvars and hasattr(v.aval, "shape"):
                     total += int(np.prod(v.aval.shape, dtype=np.int64)) * v.aval.dtype.itemsize
     return total
+
+
+_GATHERS = frozenset({"gather", "dynamic_slice", "scatter", "scatter-add", "scatter_add"})
+
+
+def _gathers_draws(jaxpr, draw_inputs: list[bool]) -> bool:
+    """Whether `jaxpr` gathers or scatters values that depend on the inputs flagged in
+    `draw_inputs` (nested jaxprs included)."""
+    depends = dict(zip(jaxpr.invars, draw_inputs))
+    for eqn in jaxpr.eqns:
+        flags = [not isinstance(v, Literal) and depends.get(v, False) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr")
+        if inner is not None and _gathers_draws(getattr(inner, "jaxpr", inner), flags):
+            return True
+        if eqn.primitive.name in _GATHERS and any(flags):
+            return True
+        for v in eqn.outvars:
+            depends[v] = any(flags)
+    return False
 
 
 def cpu_cores() -> int:

@@ -24,11 +24,17 @@ _Progress = Callable[[jax.Array, int], None] | None
 def _vmap(
     fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
 ) -> list[jax.Array]:
-    """Every draw at once (pymc's default). Fast; temporaries scale with chains x draws.
+    """Both axes vmapped: pymc's default. Fast; temporaries scale with chains x draws."""
+    del chunk_size, progress
+    return jax.vmap(jax.vmap(fn))(*samples)
 
-    One vmap over the flattened chain x draw axis, not one vmap per axis: with two batch
-    dimensions XLA lays some gathers out transposed and copies the result (docs/strategies.md).
-    """
+
+def flat_vmap(
+    fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
+) -> list[jax.Array]:
+    """ "vmap" as one vmap over the flattened chain x draw axis: for a function that gathers
+    from a draw's values, whose results XLA lays out transposed under two batch dimensions,
+    then copies into the outputs (docs/strategies.md)."""
     del chunk_size, progress
     chains, draws = samples[0].shape[:2]
     flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast

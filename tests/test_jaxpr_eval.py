@@ -72,3 +72,43 @@ def _run(jax_fn, raw):
     from pymc_chunkpost import _postprocess
 
     return _postprocess.run(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
+
+
+def _gathers(fn, *shapes):
+    from pymc_chunkpost._problem import _gathers_draws
+
+    closed = jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(s, np.float64) for s in shapes])
+    return _gathers_draws(closed.jaxpr, [True] * len(shapes))
+
+
+def test_gathers_from_draws_is_read_from_the_jaxpr():
+    idx = np.array([0, 2, 2, 1])
+    assert _gathers(lambda a: a[idx], (3,))
+    assert _gathers(lambda a: jax.jit(lambda b: b[idx] + 1.0)(a), (3,))  # nested
+    assert _gathers(lambda a: jnp.zeros(3).at[idx].add(a), (4,))  # a scatter of a draw's values
+    assert not _gathers(lambda a: X[idx] * a, (4,))  # from the data only
+    assert not _gathers(lambda a: X @ a, (4,))
+
+
+def test_a_row_indexed_mean_is_written_in_place():
+    """`intercept[unit] + slope[unit] * x` over every draw: one batch dimension (the flattened
+    chain x draw axis) lets XLA write it straight into the outputs; pymc's vmap of a vmap
+    lays it out transposed and copies it through a temporary as large as them."""
+    import pymc as pm
+
+    rng = np.random.default_rng(3)
+    unit, x = rng.integers(0, 50, 3000), rng.normal(size=3000)
+    with pm.Model() as model:
+        intercept = pm.Normal("intercept", shape=50)
+        slope = pm.Normal("slope", shape=(2, 50))
+        pm.Deterministic("mu", intercept[unit] + slope[1, unit] * x)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 250)
+    exe = compile_for(jax_fn, raw, "vmap")
+    assert exe.problem.gathers_draws
+    assert exe.temp_bytes < exe.problem.output_bytes / 10, exe.temp_bytes
+    nested = jax.jit(jax.vmap(jax.vmap(jax_fn))).lower(*raw).compile()
+    temps = nested.memory_analysis().temp_size_in_bytes
+    assert temps > exe.problem.output_bytes / 2, "nested vmap no longer copies: drop this"
+    outputs, _ = _run(jax_fn, raw)
+    assert_same(outputs, reference(jax_fn, raw), rtol=1e-12)
