@@ -32,9 +32,9 @@ def _vmap(
 def flat_vmap(
     fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
 ) -> list[jax.Array]:
-    """ "vmap" as one vmap over the flattened chain x draw axis: for a function that gathers
-    from a draw's values, whose results XLA lays out transposed under two batch dimensions,
-    then copies into the outputs (docs/strategies.md)."""
+    """The "vmap" strategy as one vmap over the flattened chain x draw axis, for a function
+    that gathers or scatters a draw's values: under two batch dimensions XLA lays such results
+    out transposed and copies them into the outputs (docs/strategies.md)."""
     del chunk_size, progress
     chains, draws = samples[0].shape[:2]
     flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast
