@@ -23,8 +23,9 @@ from jax.extend.core import Literal
 
 __all__ = ["draw_major_fun"]
 
-# Primitives that call a closed jaxpr and mean nothing more than that call.
-_CALLS = frozenset({"pjit", "jit", "closed_call", "core_call"})
+# Primitives that call a closed jaxpr (param "jaxpr") and mean nothing more than that call:
+# jitted functions ("pjit" before jax 0.7).
+_CALLS = frozenset({"pjit", "jit"})
 
 
 def draw_major_fun(closed: Any) -> Callable:
@@ -36,13 +37,15 @@ def draw_major_fun(closed: Any) -> Callable:
 
     def fun(*args):
         consts = closed.consts
-        return _eval(closed.jaxpr, consts, [False] * len(consts), args, [True] * len(args))
+        outs, _ = _eval(closed.jaxpr, consts, [False] * len(consts), args, [True] * len(args))
+        return outs
 
     return fun
 
 
-def _eval(jaxpr, consts, const_flags, args, arg_flags) -> list:
-    """Evaluate `jaxpr`; the flags say which constants and arguments depend on the draw."""
+def _eval(jaxpr, consts, const_flags, args, arg_flags) -> tuple[list, list[bool]]:
+    """Evaluate `jaxpr`: its outputs, and for each whether it depends on the draw (the flags
+    say which constants and arguments do)."""
     env: dict[Any, Any] = {}
     depends: dict[Any, bool] = {}
 
@@ -59,25 +62,40 @@ def _eval(jaxpr, consts, const_flags, args, arg_flags) -> list:
     for eqn in jaxpr.eqns:
         values = [read(v) for v in eqn.invars]
         flags = [reads_draw(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        inner = eqn.params.get("jaxpr") if name in _CALLS else None
-        if inner is not None and hasattr(inner, "consts"):
-            n = len(inner.consts)
-            outs = _eval(inner.jaxpr, inner.consts, [False] * n, values, flags)
-        elif name == "dot_general" and not flags[0] and flags[1] and _no_batch(eqn.params):
-            outs = [_swapped_dot(values[0], values[1], eqn.params)]
-        else:
-            bound = eqn.primitive.get_bind_params(eqn.params)
-            # jax >= 0.11 returns the params; earlier versions (subfuns, params).
-            subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*subfuns, *values, **params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        any_draw = any(flags)
-        for v, x in zip(eqn.outvars, outs):
-            env[v], depends[v] = x, any_draw
-    return [read(v) for v in jaxpr.outvars]
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
+        with eqn.ctx.manager:
+            if inner is not None and hasattr(inner, "consts"):
+                n = len(inner.consts)
+                outs, out_flags = _eval(inner.jaxpr, inner.consts, [False] * n, values, flags)
+            else:
+                if _swappable(eqn, flags):
+                    outs = [_swapped_dot(values[0], values[1], eqn.params)]
+                else:
+                    bound = eqn.primitive.get_bind_params(eqn.params)
+                    # Older jax returned (subfuns, params); jax 0.10 and later the params.
+                    subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
+                    outs = eqn.primitive.bind(*subfuns, *values, **params)
+                    if not eqn.primitive.multiple_results:
+                        outs = [outs]
+                out_flags = [any(flags)] * len(eqn.outvars)
+        for v, x, flag in zip(eqn.outvars, outs, out_flags):
+            env[v], depends[v] = x, flag
+    return [read(v) for v in jaxpr.outvars], [reads_draw(v) for v in jaxpr.outvars]
+
+
+def _swappable(eqn, flags: list[bool]) -> bool:
+    """A `dot_general` of data (lhs) with a draw's values (rhs) that can be computed the
+    other way round with nothing else changed: no batch dimensions, no output sharding, and
+    a precision that is None or one per operand (swapped with them)."""
+    if eqn.primitive.name != "dot_general" or flags[0] or not flags[1]:
+        return False
+    params = eqn.params
+    precision = params.get("precision")
+    return (
+        _no_batch(params)
+        and params.get("out_sharding") is None
+        and (precision is None or isinstance(precision, tuple))
+    )
 
 
 def _no_batch(params) -> bool:
@@ -90,6 +108,8 @@ def _swapped_dot(data, draw, params):
     free dimensions of `draw` come first, then they are moved back behind those of `data`."""
     (lhs_contract, rhs_contract), _ = params["dimension_numbers"]
     swapped = dict(params, dimension_numbers=((rhs_contract, lhs_contract), ((), ())))
+    if isinstance(params.get("precision"), tuple):  # one per operand: they swap too
+        swapped["precision"] = tuple(reversed(params["precision"]))
     out = lax.dot_general_p.bind(draw, data, **swapped)
     n_draw = draw.ndim - len(rhs_contract)  # free dimensions of `draw`, now first
     n_data = data.ndim - len(lhs_contract)

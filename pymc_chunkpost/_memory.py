@@ -123,7 +123,7 @@ TRIM_MIN_BYTES = 32 * 2**20
 def _malloc_trim():
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
-    except (AttributeError, OSError):  # not glibc (macOS, musl): no such call
+    except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl, Windows)
         return None
 
 

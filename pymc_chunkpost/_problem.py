@@ -277,23 +277,51 @@ def _intermediate_bytes(jaxpr) -> int:
     return total
 
 
-_GATHERS = frozenset({"gather", "dynamic_slice", "scatter", "scatter-add", "scatter_add"})
+_GATHERS = frozenset({"gather", "dynamic_slice", "dynamic_update_slice"})
+
+
+def _is_gather(name: str) -> bool:
+    return name in _GATHERS or name.startswith("scatter")
 
 
 def _gathers_draws(jaxpr, draw_inputs: list[bool]) -> bool:
     """Whether `jaxpr` gathers or scatters values that depend on the inputs flagged in
-    `draw_inputs` (nested jaxprs included)."""
+    `draw_inputs`. Jitted calls are followed argument by argument; any other nested jaxpr
+    (control flow, custom derivatives) counts when it gathers at all and reads the draw."""
     depends = dict(zip(jaxpr.invars, draw_inputs))
     for eqn in jaxpr.eqns:
         flags = [not isinstance(v, Literal) and depends.get(v, False) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr")
-        if inner is not None and _gathers_draws(getattr(inner, "jaxpr", inner), flags):
+        reads_draw = any(flags)
+        if eqn.primitive.name in ("pjit", "jit"):
+            inner = eqn.params["jaxpr"]
+            if _gathers_draws(getattr(inner, "jaxpr", inner), flags):
+                return True
+        elif reads_draw and any(_gathers_anything(j) for j in _nested(eqn.params)):
             return True
-        if eqn.primitive.name in _GATHERS and any(flags):
+        if reads_draw and _is_gather(eqn.primitive.name):
             return True
         for v in eqn.outvars:
-            depends[v] = any(flags)
+            depends[v] = reads_draw
     return False
+
+
+def _nested(params) -> list:
+    """The jaxprs among an equation's parameters (`branches` of a cond are several)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if hasattr(item, "eqns"):
+                found.append(item)
+            elif hasattr(getattr(item, "jaxpr", None), "eqns"):
+                found.append(item.jaxpr)
+    return found
+
+
+def _gathers_anything(jaxpr) -> bool:
+    return any(
+        _is_gather(eqn.primitive.name) or any(_gathers_anything(j) for j in _nested(eqn.params))
+        for eqn in jaxpr.eqns
+    )
 
 
 def cpu_cores() -> int:

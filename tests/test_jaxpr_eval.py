@@ -112,3 +112,50 @@ def test_a_row_indexed_mean_is_written_in_place():
     assert temps > exe.problem.output_bytes / 2, "nested vmap no longer copies: drop this"
     outputs, _ = _run(jax_fn, raw)
     assert_same(outputs, reference(jax_fn, raw), rtol=1e-12)
+
+
+def _dots_of(fun, *args):
+    """(operand shapes, precision) of each `dot_general` that vmapped `fun` traces to."""
+    closed = jax.make_jaxpr(jax.vmap(fun))(*args)
+    return [
+        ([tuple(v.aval.shape) for v in eqn.invars], eqn.params.get("precision"))
+        for eqn in closed.jaxpr.eqns
+        if eqn.primitive.name == "dot_general"
+    ]
+
+
+def test_the_draw_comes_first_with_its_settings():
+    """Per operand settings swap with the operands; the equation's context is kept; a call's
+    outputs that do not read the draw stay data."""
+    from jax.experimental.xla_metadata import set_xla_metadata
+
+    beta = jnp.ones((7, 4))
+    high = (jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT)
+    closed = jax.make_jaxpr(lambda b: [jax.lax.dot(X, b, precision=high)])(beta[0])
+    ((shapes, precision),) = _dots_of(draw_major_fun(closed), beta)
+    assert shapes == [(7, 4), (300, 4)] and precision == high[::-1]
+
+    def tagged(b):
+        with set_xla_metadata(my_tag="kept"):
+            return [X @ b]
+
+    closed = jax.make_jaxpr(tagged)(beta[0])
+    text = jax.jit(jax.vmap(draw_major_fun(closed))).lower(beta).as_text()
+    assert "my_tag" in text
+
+    helper = jax.jit(lambda b: (jnp.asarray(X) * 2.0, b + 1.0))
+
+    def via_call(b):
+        data, b1 = helper(b)
+        return [data @ b1]
+
+    closed = jax.make_jaxpr(via_call)(beta[0])
+    ((shapes, _),) = _dots_of(draw_major_fun(closed), beta)
+    assert shapes == [(7, 4), (300, 4)]
+
+
+def test_gathers_inside_control_flow_and_other_scatters_count():
+    idx = np.array([0, 2, 2, 1])
+    assert _gathers(lambda a: jax.lax.cond(a[0] > 0, lambda x: x[idx], lambda x: -x[idx], a), (3,))
+    assert _gathers(lambda a: jnp.ones(3).at[idx].multiply(a), (4,))
+    assert not _gathers(lambda a: jax.lax.cond(a[0] > 0, lambda x: x * 2, lambda x: x, a), (3,))
