@@ -36,9 +36,7 @@ def flat_vmap(
     that gathers or scatters a draw's values: under two batch dimensions XLA lays such results
     out transposed and copies them into the outputs (docs/strategies.md)."""
     del chunk_size, progress
-    chains, draws = samples[0].shape[:2]
-    flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast
-    return [y.reshape((chains, draws) + y.shape[1:]) for y in jax.vmap(fn)(*flat)]
+    return _over_flat(jax.vmap(fn), samples)
 
 
 def _vmap_scan(
@@ -74,10 +72,14 @@ def _flat_chunked(
     fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
 ) -> list[jax.Array]:
     """The flattened chain x draw axis in chunks of `chunk_size`, vmapped inside a chunk."""
+    return _over_flat(_chunked(fn, 0, 0, chunk_size, None, False, progress), samples)
+
+
+def _over_flat(mapped: Callable, samples: Sequence[jax.Array]) -> list[jax.Array]:
+    """`mapped` (a map over one leading axis) over the flattened chain x draw axis."""
     chains, draws = samples[0].shape[:2]
     flat = [x.reshape((chains * draws,) + x.shape[2:]) for x in samples]  # free: a bitcast
-    outs = _chunked(fn, 0, 0, chunk_size, None, False, progress)(*flat)
-    return [y.reshape((chains, draws) + y.shape[1:]) for y in outs]
+    return [y.reshape((chains, draws) + y.shape[1:]) for y in mapped(*flat)]
 
 
 STRATEGY_TABLE: dict[str, Callable] = {
