@@ -21,11 +21,11 @@ from typing import Any
 from jax import lax
 from jax.extend.core import Literal
 
-__all__ = ["draw_major_fun"]
+__all__ = ["CALLS", "draw_major_fun"]
 
 # Primitives that call a closed jaxpr (param "jaxpr") and mean nothing more than that call:
 # jitted functions ("pjit" before jax 0.7).
-_CALLS = frozenset({"pjit", "jit"})
+CALLS = frozenset({"pjit", "jit"})
 
 
 def draw_major_fun(closed: Any) -> Callable:
@@ -62,7 +62,7 @@ def _eval(jaxpr, consts, const_flags, args, arg_flags) -> tuple[list, list[bool]
     for eqn in jaxpr.eqns:
         values = [read(v) for v in eqn.invars]
         flags = [reads_draw(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in CALLS else None
         with eqn.ctx.manager:
             if inner is not None and hasattr(inner, "consts"):
                 n = len(inner.consts)
@@ -71,10 +71,8 @@ def _eval(jaxpr, consts, const_flags, args, arg_flags) -> tuple[list, list[bool]
                 if _swappable(eqn, flags):
                     outs = [_swapped_dot(values[0], values[1], eqn.params)]
                 else:
-                    bound = eqn.primitive.get_bind_params(eqn.params)
-                    # Older jax returned (subfuns, params); jax 0.10 and later the params.
-                    subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
-                    outs = eqn.primitive.bind(*subfuns, *values, **params)
+                    params = eqn.primitive.get_bind_params(eqn.params)
+                    outs = eqn.primitive.bind(*values, **params)
                     if not eqn.primitive.multiple_results:
                         outs = [outs]
                 out_flags = [any(flags)] * len(eqn.outvars)

@@ -17,6 +17,7 @@ from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ._cache import FunctionCache
+from ._jaxpr_eval import CALLS
 
 __all__ = ["Problem", "Placement", "analyse", "locate", "is_out_of_memory", "nbytes"]
 
@@ -292,7 +293,7 @@ def _gathers_draws(jaxpr, draw_inputs: list[bool]) -> bool:
     for eqn in jaxpr.eqns:
         flags = [not isinstance(v, Literal) and depends.get(v, False) for v in eqn.invars]
         reads_draw = any(flags)
-        if eqn.primitive.name in ("pjit", "jit"):
+        if eqn.primitive.name in CALLS:
             inner = eqn.params["jaxpr"]
             if _gathers_draws(getattr(inner, "jaxpr", inner), flags):
                 return True
