@@ -27,6 +27,23 @@ def memray_active(request) -> None:
         pytest.skip("memory bounds are measured only under `pytest --memray`")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lapack_thread_workspaces() -> None:
+    """Let every XLA worker thread make its one-time LAPACK workspace before any test is measured.
+
+    jax's CPU Cholesky spreads a batch over XLA's thread pool, and the BLAS behind it maps a
+    workspace (32 MiB with scipy's OpenBLAS) the first time each thread calls it, kept until the
+    process ends. How many threads a test's call reaches first varies run to run, so counting
+    those workspaces made a bound flaky (110 MiB to 1.5 GiB for the same call); they belong
+    to the process, not to the call under test.
+    """
+    eye = jax.numpy.eye(64)
+    for batch in (64, 1024, 4096):
+        jax.block_until_ready(
+            jax.numpy.linalg.cholesky(jax.numpy.broadcast_to(eye, (batch, 64, 64)))
+        )
+
+
 @pytest.fixture(scope="module")
 def model(request):
     """The `pm.Model` of the module's `MEMORY_FIXTURE`."""
