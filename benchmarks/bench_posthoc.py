@@ -9,15 +9,21 @@ log-likelihood). Methods: `ours` (`pymc_chunkpost.compute_log_likelihood`, "auto
 `compile_kwargs={"mode": "JAX"}` on pymc 5) and `pymc_default` (pymc's own, its default
 backend: numba on pymc 6, C on pymc 5).
 
-Every (case, method) runs in its own Python process: the model and the posterior are built,
-JAX's first lowering is paid on a trivial function, the model's jaxified logp is built (as
-`pm.sample(nuts_sampler="numpyro")` does; `--fresh` skips this) and the garbage is collected
-(a session that has just sampled has paid all three), then the peak RSS is reset
-(`echo 5 > /proc/self/clear_refs`) and the first call is timed (cold: graph building,
-compiling and running), then the result is dropped and the second call is timed (warm).
-Peak extra memory is `VmHWM - VmRSS` before each call; the floor is the bytes of the
-log-likelihood array. Processes run round-robin (one repeat of every case, then the next);
-speed-ups are medians of the run-by-run ratios.
+Every (case, method) runs in two fresh Python processes, one timing it and one measuring its
+memory, each with a new empty tuning cache (`PYMC_CHUNKPOST_CACHE_DIR`). In each, the model
+and the posterior are built, JAX's first lowering is paid on a trivial function, the model's
+jaxified logp is built and its value-and-gradient compiled and run once (as
+`pm.sample(nuts_sampler="numpyro")` does before its draws; `--fresh` skips this), and the
+garbage is collected. Then the first call runs (cold: graph building, compiling and running),
+its result is dropped, and the second call runs (warm). The timing process times both calls.
+The memory process runs each under memray and takes its peak: the most bytes the call had
+allocated and not yet freed at one time, JAX's and XLA's native allocations included.
+The floor is the bytes of the log-likelihood array. Processes run round-robin (one repeat of
+every case, then the next); speed-ups are medians of the run-by-run ratios.
+
+Peak RSS (`VmHWM`) is not used: it counts the first touch of library code pages, and misses
+allocations that reuse heap pages another compile left resident, so the same call read 1.13x
+the floor after a trivial compile and 0.55x after the logp's (docs/posthoc.md).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,8 +98,9 @@ def build(case: str):
     return model, xr.Dataset(post, coords=sample | {"group": np.arange(n_groups)})
 
 
-def child(case: str, method: str, after_sampling: bool) -> dict:
-    """One case in this (fresh) process: cold and warm seconds, peak extra bytes."""
+def child(case: str, method: str, after_sampling: bool, measure: str) -> dict:
+    """One case in this (fresh) process: cold and warm seconds (`measure="time"`), or the
+    peak bytes each call allocates, under memray (`measure="memory"`)."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -102,7 +111,6 @@ def child(case: str, method: str, after_sampling: bool) -> dict:
     import pymc as pm
 
     import pymc_chunkpost
-    from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     pymc6 = int(pm.__version__.split(".")[0]) >= 6
     model, posterior = build(case)
@@ -130,20 +138,28 @@ def child(case: str, method: str, after_sampling: bool) -> dict:
         ),
     }[method]
     jax.jit(lambda a: a + 1)(jnp.ones(3)).block_until_ready()  # JAX's first lowering
-    if after_sampling:  # what `pm.sample(nuts_sampler="numpyro")` built before: its logp
+    if after_sampling:  # what `pm.sample(nuts_sampler="numpyro")` built and compiled before
         from pymc.sampling.jax import get_jaxified_logp
 
-        get_jaxified_logp(model)
+        logp = get_jaxified_logp(model)
+        point = model.initial_point()
+        start = [jnp.asarray(point[v.name]) for v in model.value_vars]
+        jax.block_until_ready(jax.jit(jax.value_and_grad(logp))(start))
     result = {"case": case, "method": method, "pymc": pm.__version__, "jax": jax.__version__}
     for phase in ("cold", "warm"):
         gc.collect()
-        base = status_bytes("VmRSS")
-        reset_peak()
-        tic = time.perf_counter()
-        out = call()
-        seconds = time.perf_counter() - tic
-        result[f"{phase}_s"] = seconds
-        result[f"{phase}_peak"] = status_bytes("VmHWM") - base
+        if measure == "memory":
+            import memray
+
+            with tempfile.TemporaryDirectory() as folder:
+                capture = Path(folder) / "capture.bin"
+                with memray.Tracker(capture):
+                    out = call()
+                result[f"{phase}_peak"] = memray.FileReader(capture).metadata.peak_memory
+        else:
+            tic = time.perf_counter()
+            out = call()
+            result[f"{phase}_s"] = time.perf_counter() - tic
         result["floor"] = int(sum(v.values.nbytes for v in out.data_vars.values()))
         checksum = float(np.sum(out["y" if "y" in out else "obs"].values))
         result["checksum"] = checksum
@@ -161,26 +177,34 @@ def main() -> None:
         "--fresh",
         action="store_true",
         help="time the first call in a bare process (default: after building the model's "
-        "jaxified logp, as a session that has just sampled with numpyro has)",
+        "jaxified logp and compiling its gradient, as a session that has just sampled with "
+        "numpyro has)",
     )
-    parser.add_argument("--child", nargs=2, metavar=("CASE", "METHOD"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("CASE", "METHOD", "MEASURE"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, after_sampling=not args.fresh)))
+        case, method, measure = args.child
+        print(json.dumps(child(case, method, not args.fresh, measure)))
         return
     cases, methods = args.cases.split(","), args.methods.split(",")
     runs: list[dict] = []
     for repeat in range(args.repeats):  # round-robin: one repeat of every case, then the next
         for case in cases:
             for method in methods:
-                proc = subprocess.run(
-                    [sys.executable, __file__, "--child", case, method]
-                    + (["--fresh"] if args.fresh else []),
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                run = json.loads(proc.stdout.strip().splitlines()[-1]) | {"repeat": repeat}
+                run = {"repeat": repeat}
+                for measure in ("time", "memory"):  # each in its own fresh process
+                    with tempfile.TemporaryDirectory() as cache:  # a tuning cache of its own
+                        proc = subprocess.run(
+                            [sys.executable, __file__, "--child", case, method, measure]
+                            + (["--fresh"] if args.fresh else []),
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                            env=os.environ | {"PYMC_CHUNKPOST_CACHE_DIR": cache},
+                        )
+                    run |= json.loads(proc.stdout.strip().splitlines()[-1])
                 runs.append(run)
                 print(
                     f"{case:14s} {method:13s} cold {run['cold_s']:6.2f} s  warm "
@@ -203,7 +227,8 @@ def report(runs: list[dict], cases: list[str], methods: list[str], fresh: bool) 
         f"pymc {first['pymc']}, jax {first['jax']}, {CHAINS} x {DRAWS} draws; medians of "
         f"{max(r['repeat'] for r in runs) + 1} fresh processes per cell; speed-up = median "
         "of run-by-run ratios (pymc's time / ours); cold = first call "
-        + ("in a bare process." if fresh else "after the model's jaxified logp was built."),
+        + ("in a bare process" if fresh else "after the model's logp and gradient were compiled")
+        + "; peak = memray's high-water mark of the call's allocations.",
         "",
         "| posterior | method | cold s | warm s | cold speed-up | warm speed-up "
         "| peak / floor (cold, warm) | floor |",
