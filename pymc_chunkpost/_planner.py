@@ -61,6 +61,14 @@ VMAP_TEMP_BYTES = 256 * 2**20
 #: ...and when its compiled peak is at most this fraction of the budget, leaving room for
 #: whatever else the process allocates meanwhile.
 COMFORT_FRACTION = 0.5
+#: The vmap candidate is compiled only when the jaxpr's bound on its temporaries is at most
+#: `VMAP_BOUND_SLACK` x `VMAP_TEMP_BYTES` (XLA fuses gathers and transposes the bound counts),
+#: and, above `VMAP_TEMP_BYTES`, at most this many times the outputs: temporaries that large
+#: beside small outputs are reduced into them, which keeps them in memory (big_data's
+#: compiled 1.2 GiB against a bound of 0.6 GiB), while fusion writes temporaries no larger
+#: than the outputs straight into them (wide, big_det: none compiled).
+VMAP_BOUND_SLACK = 4
+VMAP_BOUND_PER_OUTPUT = 4
 #: Per-chunk cost of a loop, per buffer it slices or updates, in bytes of work that take as
 #: long (docs/strategies.md).
 OVERHEAD_BYTES_PER_BUFFER = 64 * 2**10
@@ -99,8 +107,9 @@ def cache_bytes() -> int:
 
 
 #: One chunk's working set that the planner aims for on a CPU: twice the L2 cache of a core,
-#: and at least 4 MiB (smaller chunks lost to per-chunk costs on the zoo: docs/zoo.md).
-TARGET_CHUNK_BYTES = max(2 * cache_bytes(), 4 * 2**20)
+#: and at least 8 MiB (smaller chunks lose to XLA's per-kernel dispatch on every chunk, larger
+#: ones to cache misses: the sweep over 8 models in docs/strategies.md).
+TARGET_CHUNK_BYTES = max(2 * cache_bytes(), 8 * 2**20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,6 +486,17 @@ def _compile(
         raise
 
 
+def _vmap_may_fit(problem: Problem, sharing: int) -> bool:
+    """Whether the loop-free vmap's compiled temporaries may come under `VMAP_TEMP_BYTES`,
+    judged from the jaxpr's bound before compiling it (`VMAP_BOUND_SLACK`,
+    `VMAP_BOUND_PER_OUTPUT`)."""
+    bound = sharing * problem.n_local * problem.intermediate_bytes
+    if bound <= VMAP_TEMP_BYTES:
+        return True
+    outputs = sharing * problem.output_bytes // problem.n_shards
+    return bound <= VMAP_BOUND_SLACK * VMAP_TEMP_BYTES and bound <= VMAP_BOUND_PER_OUTPUT * outputs
+
+
 def _request(strategy: str, output_memory: str) -> str:
     return f"{strategy}|{output_memory}"
 
@@ -544,11 +564,7 @@ def first_attempt(
     comfortable = COMFORT_FRACTION * limit
     # On a CPU every shard's temporaries go through the one memory system they share.
     sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
-    if (
-        strategy == "auto"
-        and chunk_size is None
-        and sharing * n * per_item_temp <= 4 * VMAP_TEMP_BYTES
-    ):
+    if strategy == "auto" and chunk_size is None and _vmap_may_fit(problem, sharing):
         whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress)
         if whole is not None:
             temps = sharing * whole.temp_bytes

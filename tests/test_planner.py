@@ -591,3 +591,35 @@ def test_rule_rounds_to_the_nearest_divisor(n, target, size):
     """The rule's size goes to the divisor of the draws nearest by ratio, within a factor of
     2 (no overlapping last chunk), or stays as it is when there is none (a prime count)."""
     assert _planner._divisor_nearest(n, target) == size
+
+
+@pytest.mark.parametrize(
+    "name, compiled",
+    [("big_data", False), ("big_det", True), ("wide", True), ("hierarchical", False)],
+)
+def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, monkeypatch):
+    """Compiled evidence costs a compile: the loop-free vmap is compiled only when the
+    jaxpr's bound leaves it a chance. big_data reduces 0.6 GiB of dot products per run to
+    tiny summaries (its vmap compiled to 1.2 GiB of temporaries, and lost); big_det and wide
+    write temporaries as large as their outputs straight into them (none compiled, the vmap
+    runs); hierarchical's bound is over `VMAP_BOUND_SLACK` times the threshold."""
+    from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn
+
+    spec = FIXTURES[name]
+    model = spec.build()
+    fn = jax_fn(model)
+    raw = spec.raw_draws(model, 4, 1000)
+    problem = problem_of(fn, raw, jax.devices("cpu")[0])
+    assert _planner._vmap_may_fit(problem, 1) is compiled
+    strategies = []
+    real = _planner.compile_executable
+
+    def spy(jax_fn, problem, strategy, *args, **kwargs):
+        strategies.append(strategy)
+        return real(jax_fn, problem, strategy, *args, **kwargs)
+
+    monkeypatch.setattr(_planner, "compile_executable", spy)
+    plan = pc.plan(fn, raw, "cpu", memory_budget=2**34)
+    assert ("vmap" in strategies) is compiled, plan.reason
+    if compiled:
+        assert plan.strategy == "vmap", plan.reason
