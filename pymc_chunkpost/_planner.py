@@ -13,7 +13,7 @@ Evidence, in the order it is used:
    temporaries per draw, after fusion. It runs when those stay under `VMAP_TEMP_BYTES` and
    its peak under `COMFORT_FRACTION` of the budget: then nothing beats it, as it compiles
    fastest and runs one wide computation. Otherwise the chunk is sized from the compiled
-   temporaries per draw (a working set near twice the L2 cache on a CPU; half the room
+   temporaries per draw (a working set near `TARGET_CHUNK_BYTES` on a CPU; half the room
    left on an accelerator), and checked against the budget by its own compiled peak.
 3. Measured time on the real draws. A chunked `auto` run is driven from the host, and a run
    that has more than `TUNE_MIN_SECONDS` of work left after its first chunks tries larger
@@ -444,11 +444,12 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
         why = f"enough work per chunk to amortise the loop's cost over {problem.n_buffers} buffers"
     elif problem.shared_bytes:
         why = (
-            f"a working set near {_mib(room)} per chunk: twice the L2 cache, less the "
-            f"{_mib(problem.shared_bytes)} of data that every draw reads"
+            f"a working set near {_mib(room)} per chunk: the target of "
+            f"{_mib(TARGET_CHUNK_BYTES)}, less the {_mib(problem.shared_bytes)} of data that "
+            "every draw reads"
         )
     else:
-        why = f"a working set near {_mib(TARGET_CHUNK_BYTES)} per chunk (twice the L2 cache)"
+        why = f"a working set near the target of {_mib(TARGET_CHUNK_BYTES)} per chunk"
     return size, why
 
 
