@@ -434,22 +434,30 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
         if budget is None:
             return max(1, n // 2), "half the draws, as the free memory is unknown"
         return max(1, min(n, fits // 2)), "half the memory left after the outputs"
+    # Shards on one CPU run at once, up to one per core, and split its cores and caches: the
+    # target is for one device running on all of them.
+    together = min(problem.n_local_shards, cpu_cores())
+    target = TARGET_CHUNK_BYTES // together
     # The data every draw reads (a design matrix) shares the cache with the chunk's own
     # buffers; the chunk keeps at least half of the target.
-    room = max(TARGET_CHUNK_BYTES - problem.shared_bytes, TARGET_CHUNK_BYTES // 2)
+    room = max(target - problem.shared_bytes, target // 2)
     cache_size = int(room // max(per_item, 1))
     overhead_size = -(-problem.n_buffers * OVERHEAD_BYTES_PER_BUFFER // max(int(per_item), 1))
     size = min(max(cache_size, overhead_size, 1), fits, n)
+    of = f"the target of {_mib(target)}" + (
+        f" ({_mib(TARGET_CHUNK_BYTES)} split over {together} devices running at once)"
+        if together > 1
+        else ""
+    )
     if overhead_size > cache_size:
         why = f"enough work per chunk to amortise the loop's cost over {problem.n_buffers} buffers"
     elif problem.shared_bytes:
         why = (
-            f"a working set near {_mib(room)} per chunk: the target of "
-            f"{_mib(TARGET_CHUNK_BYTES)}, less the {_mib(problem.shared_bytes)} of data that "
-            "every draw reads"
+            f"a working set near {_mib(room)} per chunk: {of}, less the "
+            f"{_mib(problem.shared_bytes)} of data that every draw reads"
         )
     else:
-        why = f"a working set near the target of {_mib(TARGET_CHUNK_BYTES)} per chunk"
+        why = f"a working set near {of} per chunk"
     return size, why
 
 

@@ -623,3 +623,27 @@ def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, mo
     assert ("vmap" in strategies) is compiled, plan.reason
     if compiled:
         assert plan.strategy == "vmap", plan.reason
+
+
+@pytest.mark.parametrize("shards, cores, together", [(1, 2, 1), (4, 2, 2), (4, 8, 4), (2, 2, 2)])
+def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monkeypatch):
+    """Shards on one CPU run at once, up to one per core, and share its caches: each aims at
+    `TARGET_CHUNK_BYTES` over the shards running together (docs/zoo.md, run 5)."""
+    import types
+
+    monkeypatch.setattr(_planner, "TARGET_CHUNK_BYTES", 8 * 2**20)
+    monkeypatch.setattr(_planner, "cpu_cores", lambda: cores)
+    per_item = 2**16
+    problem = types.SimpleNamespace(
+        n_local=1000,
+        per_item_bytes=per_item,
+        output_bytes=shards * 1000 * per_item,
+        n_shards=shards,
+        n_local_shards=shards,
+        device=jax.devices("cpu")[0],
+        shared_bytes=0,
+        n_buffers=1,
+    )
+    size, why = _planner._fast_chunk_size(problem, 0.0, None)
+    assert size == 8 * 2**20 // together // per_item
+    assert ("running at once" in why) == (together > 1)
