@@ -81,7 +81,8 @@ def clear_caches() -> None:
 
     Entries already go when their model's function is garbage-collected; this frees them
     at once (for example, before a large run on an accelerator, so that old constants do not
-    count against free memory). The on-disk tuning cache is not touched.
+    count against free memory). The on-disk tuning cache and stored executables are not
+    touched (delete the folder `PYMC_CHUNKPOST_CACHE_DIR`, or `~/.cache/pymc_chunkpost`).
     """
     for cache in _ALL:
         cache.clear()

@@ -21,6 +21,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from . import _executable_store
 from ._cache import FunctionCache
 from ._chunked import read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
@@ -30,7 +31,7 @@ from ._problem import Problem
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE, flat_vmap
 
-__all__ = ["Loop", "Executable", "compile_executable", "execute"]
+__all__ = ["Loop", "Executable", "compile_executable", "execute", "persist"]
 
 
 class Loop(enum.StrEnum):
@@ -80,6 +81,8 @@ class Executable:
         output_memory: "device", or "host": `compiled` is then a chunk step
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
+        loaded: `compiled` came from the on-disk store (`_executable_store`), not XLA.
+        to_store: (key, compiled) pairs that `persist` hands to the on-disk store.
     """
 
     strategy: str
@@ -98,6 +101,8 @@ class Executable:
     problem: Problem
     init: Any = None
     output_memory: str = "device"
+    loaded: bool = False
+    to_store: tuple[tuple[str, Any], ...] = ()
 
     @property
     def host_driven(self) -> bool:
@@ -126,6 +131,7 @@ def compile_executable(
     progress: bool = False,
     output_memory: str = "device",
     segmented: bool = False,
+    stored: bool = False,
 ) -> Executable:
     """Compile (or fetch from the cache) `strategy` for `problem`; nothing runs.
 
@@ -133,7 +139,8 @@ def compile_executable(
     between two segments it reports progress, and the planner's tuner may switch chunk sizes
     (a callback inside the loop would cost more: docs/strategies.md). `output_memory="host"`
     compiles the chunk step whose outputs are streamed to host memory (`Loop.HOST`, one
-    device, nothing donated).
+    device, nothing donated). With `stored`, an executable that `persist` stored on disk
+    before is loaded instead of compiled.
     """
     donate = tuple(donate)
     loop = Loop(loop)
@@ -235,12 +242,27 @@ def compile_executable(
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         lowered = jitted.lower(*args)
     toc = time.perf_counter()
+    mesh = problem.placement.mesh
+    devices = [problem.device] if mesh is None else list(mesh.devices.flat)
+    lowereds = [lowered] if make_outputs is None else [lowered, make_outputs]
+    keys = [_executable_store.key(x, devices) if stored else None for x in lowereds]
+    found = [
+        None if k is None else _executable_store.load(k, x, devices) for k, x in zip(keys, lowereds)
+    ]
+    compiled, init = found[0], (found[1] if make_outputs is not None else None)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # XLA compiles without the GIL: the zero outputs of a host-driven run compile on the
         # side, hidden behind the main compile.
-        pending = None if make_outputs is None else pool.submit(make_outputs.compile)
-        compiled = lowered.compile()
-        init = None if pending is None else pending.result()
+        pending = (
+            None if make_outputs is None or init is not None else pool.submit(make_outputs.compile)
+        )
+        if compiled is None:
+            compiled = lowered.compile()
+        if pending is not None:
+            init = pending.result()
+    to_store = tuple(
+        (k, c) for k, c, f in zip(keys, (compiled, init), found) if k is not None and f is None
+    )
     compile_seconds = time.perf_counter() - toc
     _after_compile(problem, output_memory)
     memory = compiled.memory_analysis()
@@ -260,9 +282,18 @@ def compile_executable(
         flops=_flops(compiled),
         problem=problem,
         init=init,
+        loaded=found[0] is not None,
+        to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
     return result
+
+
+def persist(exe: Executable) -> None:
+    """Hand what `exe` compiled (and was asked to store) to the on-disk store, in the
+    background; a no-op for an executable loaded from it or compiled without `stored`."""
+    for name, compiled in exe.to_store:
+        _executable_store.save_later(name, compiled)
 
 
 def _after_compile(problem: Problem, output_memory: str) -> None:

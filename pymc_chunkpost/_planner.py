@@ -8,6 +8,8 @@ Evidence, in the order it is used:
 
 1. The tuning cache: the plan that a previous run of the same function and shapes measured
    best (`_tuning`). A hit skips the search; it is still checked against today's budget.
+   The executable that ran is stored beside it (`finished`), and a hit on the same program
+   and data loads it instead of compiling (`_executable_store`).
 2. XLA's compiled analysis. The loop-free `vmap` is compiled first when the jaxpr's bound on
    its temporaries leaves any chance that it fits; its `memory_analysis()` gives the real
    temporaries per draw, after fusion. It runs when those stay under `VMAP_TEMP_BYTES` and
@@ -38,7 +40,7 @@ from jax.sharding import Mesh
 
 from . import _tuning
 from ._chunked import resolve_chunk_size
-from ._executor import Executable, Loop, compile_executable
+from ._executor import Executable, Loop, compile_executable, persist
 from ._host_output import host_memory_kind
 from ._memory import free_bytes, host_free_bytes
 from ._problem import Placement, Problem, cpu_cores, is_out_of_memory
@@ -478,16 +480,26 @@ def _rule_chunk(
 
 
 def _compile(
-    jax_fn, problem, strategy, loop, size, donate, progress, output_memory="device", tuned=False
+    jax_fn,
+    problem,
+    strategy,
+    loop,
+    size,
+    donate,
+    progress,
+    output_memory="device",
+    tuned=False,
+    stored=False,
 ) -> Executable | None:
     """`compile_executable(...)`, or None if compiling ran out of device memory.
 
     On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's real size while
-    compiling, so a large chunk can fail to compile where a smaller one fits.
+    compiling, so a large chunk can fail to compile where a smaller one fits. `stored`: the
+    executable may come from, and go to, the on-disk store (with the tuning cache).
     """
     try:
         return compile_executable(
-            jax_fn, problem, strategy, loop, size, donate, progress, output_memory, tuned
+            jax_fn, problem, strategy, loop, size, donate, progress, output_memory, tuned, stored
         )
     except jax.errors.JaxRuntimeError as error:
         if is_out_of_memory(error):
@@ -564,7 +576,10 @@ def first_attempt(
     limit = math.inf if budget is None else budget
     loop = loop_for(problem, strategy)
     key = _tuning.tuning_key(problem, _request(strategy, "device"))
-    if strategy == "auto" and chunk_size is None and use_cache:
+    # The tuning cache and the executables stored beside it serve `auto` alone: a fixed
+    # request compiles what it names.
+    stored = strategy == "auto" and chunk_size is None and use_cache
+    if stored:
         cached = _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic)
         if cached is not None:
             return cached
@@ -574,7 +589,7 @@ def first_attempt(
     # On a CPU every shard's temporaries go through the one memory system they share.
     sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
     if strategy == "auto" and chunk_size is None and _vmap_may_fit(problem, sharing):
-        whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress)
+        whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress, stored=stored)
         if whole is not None:
             temps = sharing * whole.temp_bytes
             if temps <= VMAP_TEMP_BYTES and whole.peak_bytes <= comfortable:
@@ -599,7 +614,9 @@ def first_attempt(
     refined = False
     tuned = strategy == "auto" and chunk_size is None  # the tuner may change the size
     while True:
-        exe = _compile(jax_fn, problem, "chunked", loop, size, donate, progress, tuned=tuned)
+        exe = _compile(
+            jax_fn, problem, "chunked", loop, size, donate, progress, tuned=tuned, stored=stored
+        )
         expected = size * (per_item_temp + problem.per_item_bytes)
         jumped = (  # a smaller chunk may avoid the jump; at one draw there is none
             exe is not None
@@ -676,13 +693,14 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
         return None
     strategy = "vmap" if loop is Loop.NONE else "chunked"
     # The same executable the tuned run had (its segments cost one dispatch more).
-    exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress, tuned=True)
+    exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress, tuned=True, stored=True)
     if exe is None or exe.peak_bytes > limit:
         return None
     what = "No loop" if size is None else f"Chunks of {size} draws"
     reason = (
-        f"{what}, from the tuning cache ({entry.get('why', 'measured before')}): "
-        f"{_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
+        f"{what}, from the tuning cache ({entry.get('why', 'measured before')}"
+        + ("; its executable loaded from disk" if exe.loaded else "")
+        + f"): {_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
     )
     plan = _make_plan(problem, budget, exe, strategy, reason, "cache", time.perf_counter() - tic)
     return Attempt(plan, exe)
@@ -800,6 +818,7 @@ class Tuner:
             self._donate,
             first.progress,
             tuned=True,
+            stored=True,
         )
         if exe is None or exe.peak_bytes > self._limit:
             return None
@@ -828,11 +847,17 @@ class Tuner:
 
 
 def finished(attempt: Attempt) -> Plan:
-    """The plan that ran, with what the tuner measured."""
+    """The plan that ran, with what the tuner measured.
+
+    The executable that the tuning cache now names goes to the on-disk store (`persist`), so
+    that the next run of the same problem loads it instead of compiling it.
+    """
     tuner, plan = attempt.tuner, attempt.plan
     if tuner is None:
+        persist(attempt.exe)
         return plan
     tuner.close()
+    persist(tuner.steps[tuner.best])
     rates = tuner.seconds_per_draw
     if not tuner.measured:
         return dataclasses.replace(plan, tuning_seconds=rates)

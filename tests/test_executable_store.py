@@ -1,0 +1,167 @@
+"""Executables kept on disk beside the tuning cache (`_executable_store`).
+
+A second `auto` run of the same problem, with the in-memory caches emptied (as in a new
+process), loads what the first compiled instead of compiling it, and gives pymc's outputs.
+Anything else (other data of the same shapes, a damaged file, a full folder, the cache
+turned off) compiles anew and gives pymc's outputs too.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import models
+import numpy as np
+import pymc as pm
+import pytest
+from helpers import assert_same, reference
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pymc_chunkpost import Loop, _executable_store, _planner, _postprocess, clear_caches
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache folder for this test; nothing left in memory from other tests."""
+    monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", str(tmp_path))
+    clear_caches()
+    yield tmp_path
+    _executable_store.wait()
+    clear_caches()
+
+
+def _run(jax_fn, raw, **options):
+    """One `auto` run as a new process would make it: nothing compiled in memory."""
+    clear_caches()
+    outputs, plan = _postprocess.run(
+        jax_fn, [jnp.asarray(x) for x in raw], None, "auto", True, **options
+    )
+    _executable_store.wait()
+    return outputs, plan
+
+
+def _stored(cache):
+    return sorted((cache / _executable_store.SUBFOLDER).glob("*.bin"))
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["quiet", "progress"])
+@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
+def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress):
+    if loop is not Loop.NONE:
+        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)  # always a loop
+    if loop is Loop.HOST:
+        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
+    model = models.data_regression(n_obs=500)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 100)
+    first, plan = _run(jax_fn, raw, progressbar=progress)
+    assert plan.loop is loop
+    assert plan.source == "rule" and _stored(cache)
+    stored = _stored(cache)
+    again, cached = _run(jax_fn, raw, progressbar=progress)
+    assert cached.source == "cache" and "loaded from disk" in cached.reason
+    assert (cached.strategy, cached.chunk_size) == (plan.strategy, plan.chunk_size)
+    assert _stored(cache) == stored  # nothing compiled, nothing new stored
+    expected = reference(jax_fn, raw)
+    assert_same(first, expected)
+    assert_same(again, expected)
+
+
+def test_other_data_of_the_same_shapes_never_hits(cache):
+    """The constants are part of the key: a model with new `pm.Data` values (same shapes)
+    must not run an executable that holds the old ones."""
+    model = models.data_regression(n_obs=500)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 100)
+    _run(jax_fn, raw)
+    with model:
+        pm.set_data({"x": np.random.default_rng(9).normal(size=(500, 3))})
+    other_fn = models.jax_fn(model)
+    outputs, plan = _run(other_fn, raw)
+    assert plan.source == "cache"  # the tuning entry (shapes only) still serves
+    assert "loaded from disk" not in plan.reason
+    assert len(_stored(cache)) == 2
+    assert_same(outputs, reference(other_fn, raw))
+    assert not np.allclose(np.asarray(outputs[-1]), np.asarray(reference(jax_fn, raw)[-1]))
+
+
+def test_a_damaged_file_is_a_miss(cache):
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    _run(jax_fn, raw)
+    for path in _stored(cache):
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF  # one flipped bit in the payload: the checksum fails
+        path.write_bytes(bytes(data))
+    outputs, plan = _run(jax_fn, raw)
+    assert plan.source == "cache" and "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+    for path in _stored(cache):
+        path.write_bytes(b"not an executable")
+    outputs, plan = _run(jax_fn, raw)
+    assert "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_the_folder_stays_within_its_bound(cache, monkeypatch):
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    _run(jax_fn, models.raw_draws(model, 2, 50))
+    (one,) = _stored(cache)
+    size = one.stat().st_size
+    monkeypatch.setattr(_executable_store, "MAX_BYTES", int(2.5 * size))
+    for draws in (51, 52, 53, 54):  # other shapes: other executables of about that size
+        _run(jax_fn, models.raw_draws(model, 2, draws))
+    total = sum(p.stat().st_size for p in _stored(cache))
+    assert 0 < total <= _executable_store.MAX_BYTES
+    assert one not in _stored(cache)  # the least recently used went first
+
+
+def test_turned_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", "")
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    outputs, plan = _run(jax_fn, raw)
+    again, plan = _run(jax_fn, raw)
+    assert plan.source == "rule"
+    assert_same(again, reference(jax_fn, raw))
+    assert not list(tmp_path.iterdir())
+
+
+def test_fixed_strategies_store_nothing(cache):
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    clear_caches()
+    _postprocess.run(jax_fn, [jnp.asarray(x) for x in raw], None, "chunked", chunk_size=10)
+    _executable_store.wait()
+    assert not _stored(cache)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
+@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
+@pytest.mark.parametrize("spec", [PartitionSpec("d"), PartitionSpec(None, "d")], ids=str)
+def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
+    if loop is not Loop.NONE:
+        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    model = models.structured()
+    jax_fn = models.jax_fn(model)
+    host = models.raw_draws(model, 4, 40)
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:4]), ("d",)), spec)
+
+    def run():
+        clear_caches()
+        raw = [jax.device_put(jnp.asarray(x), sharding) for x in host]
+        outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+        _executable_store.wait()
+        return outputs, plan
+
+    run()
+    outputs, plan = run()
+    assert plan.source == "cache" and "loaded from disk" in plan.reason
+    assert plan.loop is loop and plan.n_devices == 4
+    assert_same(outputs, reference(jax_fn, host))
+    for out in outputs:
+        assert out.sharding.is_equivalent_to(sharding, out.ndim)
