@@ -7,8 +7,14 @@ Everything here is built during setup, outside the test call that pytest-memray 
 
 from __future__ import annotations
 
-import jax
-import pytest
+import os
+
+# No on-disk cache (tuning entries, stored executables): a bound must not depend on what an
+# earlier run left.
+os.environ["PYMC_CHUNKPOST_CACHE_DIR"] = ""
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 from pymc_chunkpost.profiling.fixtures import FIXTURES
 from pymc_chunkpost.profiling.fixtures import jax_fn as make_jax_fn

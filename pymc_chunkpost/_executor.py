@@ -82,7 +82,9 @@ class Executable:
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
         loaded: `compiled` came from the on-disk store (`_executable_store`), not XLA.
-        to_store: (key, compiled) pairs that `persist` hands to the on-disk store.
+        to_store: what `persist` hands to the on-disk store, (name, lowered, compiled,
+            devices) each; emptied once handed over, so that no lowered module (it holds the
+            program's constants) outlives the run that stored it.
     """
 
     strategy: str
@@ -102,7 +104,9 @@ class Executable:
     init: Any = None
     output_memory: str = "device"
     loaded: bool = False
-    to_store: tuple[tuple[str, Any], ...] = ()
+    to_store: list[tuple[str, Any, Any, list[Any]]] = dataclasses.field(
+        default_factory=list, compare=False
+    )
 
     @property
     def host_driven(self) -> bool:
@@ -245,9 +249,21 @@ def compile_executable(
     mesh = problem.placement.mesh
     devices = [problem.device] if mesh is None else list(mesh.devices.flat)
     lowereds = [lowered] if make_outputs is None else [lowered, make_outputs]
-    keys = [_executable_store.key(x, devices) if stored else None for x in lowereds]
+    plan_text = [
+        problem.fingerprint,
+        ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
+        f"{problem.placement.spec}|{strategy}|{loop.value}|{chunk_size}|{donate}|{progress}",
+        f"{output_memory}|{segments}",
+    ]
+    names = [
+        _executable_store.name_for([*plan_text, role], devices, problem.shared_bytes)
+        if stored
+        else None
+        for role in ("step", "zeros")[: len(lowereds)]
+    ]
     found = [
-        None if k is None else _executable_store.load(k, x, devices) for k, x in zip(keys, lowereds)
+        None if k is None else _executable_store.load(k, x, devices)
+        for k, x in zip(names, lowereds)
     ]
     compiled, init = found[0], (found[1] if make_outputs is not None else None)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -260,9 +276,11 @@ def compile_executable(
             compiled = lowered.compile()
         if pending is not None:
             init = pending.result()
-    to_store = tuple(
-        (k, c) for k, c, f in zip(keys, (compiled, init), found) if k is not None and f is None
-    )
+    to_store = [
+        (k, x, c, devices)
+        for k, x, c, f in zip(names, lowereds, (compiled, init), found)
+        if k is not None and f is None
+    ]
     compile_seconds = time.perf_counter() - toc
     _after_compile(problem, output_memory)
     memory = compiled.memory_analysis()
@@ -292,8 +310,8 @@ def compile_executable(
 def persist(exe: Executable) -> None:
     """Hand what `exe` compiled (and was asked to store) to the on-disk store, in the
     background; a no-op for an executable loaded from it or compiled without `stored`."""
-    for name, compiled in exe.to_store:
-        _executable_store.save_later(name, compiled)
+    while exe.to_store:
+        _executable_store.save_later(*exe.to_store.pop())
 
 
 def _after_compile(problem: Problem, output_memory: str) -> None:

@@ -9,6 +9,7 @@ save time, never raise.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
@@ -24,14 +25,19 @@ __all__ = ["cache_dir", "tuning_key", "load", "store"]
 FORMAT = 1
 
 
-def tuning_key(problem: Problem, request: str) -> str:
-    """A stable key for `problem` planned under `request` (the strategy and output memory)."""
+@functools.cache
+def _our_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        ours = version("pymc-chunkpost")
+        return version("pymc-chunkpost")
     except PackageNotFoundError:
-        ours = "unknown"
+        return "unknown"
+
+
+def tuning_key(problem: Problem, request: str) -> str:
+    """A stable key for `problem` planned under `request` (the strategy and output memory)."""
+    ours = _our_version()
     placement = problem.placement
     device = placement.device
     parts = [

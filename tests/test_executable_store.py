@@ -80,9 +80,15 @@ def test_other_data_of_the_same_shapes_never_hits(cache):
     outputs, plan = _run(other_fn, raw)
     assert plan.source == "cache"  # the tuning entry (shapes only) still serves
     assert "loaded from disk" not in plan.reason
-    assert len(_stored(cache)) == 2
+    assert len(_stored(cache)) == 1  # the same name: the new program replaced the old
     assert_same(outputs, reference(other_fn, raw))
     assert not np.allclose(np.asarray(outputs[-1]), np.asarray(reference(jax_fn, raw)[-1]))
+    outputs, plan = _run(jax_fn, raw)  # and back: the file holds the other data's program
+    assert "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+    outputs, plan = _run(jax_fn, raw)
+    assert "loaded from disk" in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
 
 
 def test_a_damaged_file_is_a_miss(cache):
@@ -165,3 +171,14 @@ def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
     assert_same(outputs, reference(jax_fn, host))
     for out in outputs:
         assert out.sharding.is_equivalent_to(sharding, out.ndim)
+
+
+def test_programs_with_much_constant_data_are_not_stored(cache, monkeypatch):
+    monkeypatch.setattr(_executable_store, "MAX_CONSTANT_BYTES", 1000)  # below the data's
+    model = models.data_regression(n_obs=500)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 100)
+    _run(jax_fn, raw)
+    outputs, plan = _run(jax_fn, raw)
+    assert not _stored(cache) and "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
