@@ -39,9 +39,10 @@ MAGIC = b"pymc_chunkpost-executable-2\n"
 #: The most bytes the folder holds; past it, the least recently used files are deleted until
 #: it holds three quarters of this.
 MAX_BYTES = 256 * 2**20
-#: Executables whose program holds more constant data than this are not stored: writing and
-#: digesting them would cost more than their compile.
-MAX_CONSTANT_BYTES = 64 * 2**20
+#: Executables whose program holds more constant data than this are not stored: digesting
+#: and writing them would cost more than their compile, and each compiled candidate keeps its
+#: lowered module (a copy of the constants) until it is stored or its function is freed.
+MAX_CONSTANT_BYTES = 16 * 2**20
 SUBFOLDER = "executables"
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None

@@ -83,8 +83,9 @@ class Executable:
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
         loaded: `compiled` came from the on-disk store (`_executable_store`), not XLA.
         to_store: what `persist` hands to the on-disk store, (name, lowered, compiled,
-            devices) each; emptied once handed over, so that no lowered module (it holds the
-            program's constants) outlives the run that stored it.
+            devices) each; emptied once handed over. A candidate the planner rejected keeps
+            its lowered module (a copy of the program's constants, at most
+            `_executable_store.MAX_CONSTANT_BYTES`) as long as it is cached.
     """
 
     strategy: str
