@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ import jax
 
 from ._disk import cache_dir, read_bytes, write_bytes
 
-__all__ = ["name_for", "load", "save_later", "wait", "MAX_BYTES", "MAX_CONSTANT_BYTES"]
+__all__ = ["Slot", "slot_for", "load", "save_later", "wait", "MAX_BYTES", "MAX_CONSTANT_BYTES"]
 
 #: Bumped when the file layout changes; older files are then never read.
 MAGIC = b"pymc_chunkpost-executable-2\n"
@@ -47,83 +49,129 @@ SUBFOLDER = "executables"
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+#: Set once this jaxlib failed to load a whole, checksummed file: nothing more is stored or
+#: loaded in this process (some CPUs' loaders reject XLA's own files, as reported upstream).
+_LOADER_FAILED = False
+#: Temporary files of a write that was killed are swept after this many seconds.
+STALE_TMP_SECONDS = 3600
 
 
-def _folder() -> Path | None:
-    root = cache_dir()
-    return None if root is None else root / SUBFOLDER
+def _reset_after_fork() -> None:
+    global _POOL
+    _POOL = None  # the parent's worker thread does not exist in the child
 
 
-def _versions(devices: Sequence[Any]) -> list[str]:
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where one executable is stored, and what it must have been compiled under.
+
+    Attributes:
+        path: its file.
+        context: the compile settings, as text: versions, platform, devices, `XLA_FLAGS`,
+            `LIBTPU_INIT_ARGS` and JAX's configuration, captured when it was compiled.
+        devices: the devices it runs on, in its device-assignment order.
+    """
+
+    path: Path
+    context: str
+    devices: tuple[Any, ...]
+
+
+def _context(devices: Sequence[Any]) -> str:
     import jaxlib
 
     device = devices[0]
     client = getattr(device, "client", None)
-    return [
-        MAGIC.decode(),
-        jax.__version__,
-        jaxlib.__version__,
-        device.platform,
-        str(getattr(device, "device_kind", "")),
-        str(getattr(client, "platform_version", "")),
-        os.environ.get("XLA_FLAGS", ""),
-        ",".join(str(d.id) for d in devices),
-    ]
+    config = getattr(jax.config, "values", {})
+    return "\n".join(
+        [
+            MAGIC.decode(),
+            jax.__version__,
+            jaxlib.__version__,
+            device.platform,
+            str(getattr(device, "device_kind", "")),
+            str(getattr(client, "platform_version", "")),
+            ",".join(str(d.id) for d in devices),
+            os.environ.get("XLA_FLAGS", ""),
+            os.environ.get("LIBTPU_INIT_ARGS", ""),
+            repr(sorted(config.items())),
+        ]
+    )
 
 
-def name_for(parts: Sequence[str], devices: Sequence[Any], constant_bytes: int) -> str | None:
-    """The file name for an executable described by `parts`, run on `devices`; None where
-    nothing is stored: the store is off, the program holds over `MAX_CONSTANT_BYTES` of
-    constants, or the run spans several processes (`jax.distributed`)."""
-    if _folder() is None or constant_bytes > MAX_CONSTANT_BYTES or jax.process_count() > 1:
+def slot_for(parts: Sequence[str], devices: Sequence[Any], constant_bytes: int) -> Slot | None:
+    """The slot of an executable described by `parts` (what is known before lowering), run on
+    `devices`; None where nothing is stored: the store is off, the program holds over
+    `MAX_CONSTANT_BYTES` of constants, this process's loader failed, or the run spans several
+    processes (`jax.distributed`)."""
+    root = cache_dir()
+    if (
+        root is None
+        or _LOADER_FAILED
+        or constant_bytes > MAX_CONSTANT_BYTES
+        or jax.process_count() > 1
+    ):
         return None
-    text = "\n".join([*_versions(devices), *parts])
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
+    context = _context(devices)
+    name = hashlib.sha256("\n".join([context, *parts]).encode()).hexdigest()[:40]
+    return Slot(root / SUBFOLDER / f"{name}.bin", context, tuple(devices))
 
 
-def _program_digest(lowered: Any, devices: Sequence[Any]) -> bytes:
-    text = "\n".join([*_versions(devices), lowered.as_text()])
-    return hashlib.sha256(text.encode()).digest()
+def _program_digest(slot: Slot, lowered: Any) -> bytes:
+    return hashlib.sha256(f"{slot.context}\n{lowered.as_text()}".encode()).digest()
 
 
-def load(name: str, lowered: Any, devices: Sequence[Any]) -> Any:
-    """The stored `jax.stages.Compiled` of `lowered`, loaded on `devices`; None on a miss."""
+def load(slot: Slot, lowered: Any) -> Any:
+    """The stored `jax.stages.Compiled` of `lowered`, loaded on the slot's devices; None on a
+    miss."""
+    global _LOADER_FAILED
     from jax.experimental import serialize_executable
 
-    folder = _folder()
-    if folder is None:
-        return None
-    path = folder / f"{name}.bin"
-    data = read_bytes(path)
+    data = read_bytes(slot.path)
     if data is None or not data.startswith(MAGIC):
         return None
     start = len(MAGIC)
     program, digest = data[start : start + 32], data[start + 32 : start + 64]
     payload = data[start + 64 :]
-    if program != _program_digest(lowered, devices):
+    if program != _program_digest(slot, lowered):
         return None  # another program under the same name: other data, flags or devices
     if hashlib.sha256(payload).digest() != digest:
         return None  # a damaged file: never handed to the loader
+    devices = list(slot.devices)
     try:
         compiled = serialize_executable.deserialize_and_load(
-            payload, lowered.in_tree, lowered.out_tree, execution_devices=list(devices)
+            payload,
+            lowered.in_tree,
+            lowered.out_tree,
+            backend=getattr(devices[0], "client", None),
+            execution_devices=devices,
         )
     except Exception:  # noqa: BLE001 - a whole file that this jaxlib cannot load is a miss
+        _LOADER_FAILED = True
+        with contextlib.suppress(OSError):
+            slot.path.unlink()
         return None
     with contextlib.suppress(OSError):
-        os.utime(path)  # used now: the last to be evicted
+        os.utime(slot.path)  # used now: the last to be evicted
     return compiled
 
 
-def save_later(name: str, lowered: Any, compiled: Any, devices: Sequence[Any]) -> None:
-    """Store `compiled` (of `lowered`) under `name` on a background thread: digesting and
+def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
+    """Store `compiled` (of `lowered`) in `slot` on a background thread: digesting and
     serializing take 1-30 ms, off the caller's path. Nothing is raised; Python waits for
     the thread at exit."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pymc_chunkpost")
-    _POOL.submit(_save, name, lowered, compiled, list(devices))
+        try:
+            _POOL.submit(_save, slot, lowered, compiled)
+        except RuntimeError:  # the interpreter is shutting down: nothing is stored
+            pass
 
 
 def wait() -> None:
@@ -134,27 +182,31 @@ def wait() -> None:
         pool.submit(lambda: None).result()
 
 
-def _save(name: str, lowered: Any, compiled: Any, devices: list[Any]) -> bool:
+def _save(slot: Slot, lowered: Any, compiled: Any) -> bool:
     from jax.experimental import serialize_executable
 
-    folder = _folder()
-    if folder is None:
+    if _LOADER_FAILED:
         return False
     try:
         payload, _, _ = serialize_executable.serialize(compiled)
     except Exception:  # noqa: BLE001 - a backend that cannot serialize simply stores nothing
         return False
-    program = _program_digest(lowered, devices)
-    data = MAGIC + program + hashlib.sha256(payload).digest() + payload
-    if not write_bytes(folder / f"{name}.bin", data):
+    data = MAGIC + _program_digest(slot, lowered) + hashlib.sha256(payload).digest() + payload
+    if not write_bytes(slot.path, data):
         return False
-    _evict(folder)
+    _evict(slot.path.parent)
     return True
 
 
 def _evict(folder: Path) -> None:
-    """Delete the least recently used files while the folder holds more than `MAX_BYTES`."""
+    """Delete the least recently used files while the folder holds more than `MAX_BYTES`, and
+    temporary files of writes that were killed."""
+    now = time.time()
     try:
+        for tmp in folder.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                if now - tmp.stat().st_mtime > STALE_TMP_SECONDS:
+                    tmp.unlink()
         files = [(p.stat(), p) for p in folder.glob("*.bin")]
     except OSError:
         return

@@ -31,7 +31,7 @@ from ._problem import Problem
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE, flat_vmap
 
-__all__ = ["Loop", "Executable", "compile_executable", "execute", "persist"]
+__all__ = ["Loop", "Executable", "compile_executable", "execute", "persist", "release"]
 
 
 class Loop(enum.StrEnum):
@@ -82,10 +82,10 @@ class Executable:
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
         loaded: `compiled` came from the on-disk store (`_executable_store`), not XLA.
-        to_store: what `persist` hands to the on-disk store, (name, lowered, compiled,
-            devices) each; emptied once handed over. A candidate the planner rejected keeps
-            its lowered module (a copy of the program's constants, at most
-            `_executable_store.MAX_CONSTANT_BYTES`) as long as it is cached.
+        to_store: what `persist` hands to the on-disk store, (slot, lowered, compiled)
+            each; emptied once handed over, or by `release` for a candidate the planner
+            rejects, so that no lowered module (a copy of the program's constants) stays
+            in the cache.
     """
 
     strategy: str
@@ -105,9 +105,7 @@ class Executable:
     init: Any = None
     output_memory: str = "device"
     loaded: bool = False
-    to_store: list[tuple[str, Any, Any, list[Any]]] = dataclasses.field(
-        default_factory=list, compare=False
-    )
+    to_store: list[tuple[Any, Any, Any]] = dataclasses.field(default_factory=list, compare=False)
 
     @property
     def host_driven(self) -> bool:
@@ -256,16 +254,13 @@ def compile_executable(
         f"{problem.placement.spec}|{strategy}|{loop.value}|{chunk_size}|{donate}|{progress}",
         f"{output_memory}|{segments}",
     ]
-    names = [
-        _executable_store.name_for([*plan_text, role], devices, problem.shared_bytes)
+    slots = [
+        _executable_store.slot_for([*plan_text, role], devices, problem.shared_bytes)
         if stored
         else None
         for role in ("step", "zeros")[: len(lowereds)]
     ]
-    found = [
-        None if k is None else _executable_store.load(k, x, devices)
-        for k, x in zip(names, lowereds)
-    ]
+    found = [None if k is None else _executable_store.load(k, x) for k, x in zip(slots, lowereds)]
     compiled, init = found[0], (found[1] if make_outputs is not None else None)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # XLA compiles without the GIL: the zero outputs of a host-driven run compile on the
@@ -278,8 +273,8 @@ def compile_executable(
         if pending is not None:
             init = pending.result()
     to_store = [
-        (k, x, c, devices)
-        for k, x, c, f in zip(names, lowereds, (compiled, init), found)
+        (k, x, c)
+        for k, x, c, f in zip(slots, lowereds, (compiled, init), found)
         if k is not None and f is None
     ]
     compile_seconds = time.perf_counter() - toc
@@ -313,6 +308,12 @@ def persist(exe: Executable) -> None:
     background; a no-op for an executable loaded from it or compiled without `stored`."""
     while exe.to_store:
         _executable_store.save_later(*exe.to_store.pop())
+
+
+def release(exe: Executable | None) -> None:
+    """Forget what `exe` would store (a candidate that will not run): its lowered module goes."""
+    if exe is not None:
+        exe.to_store.clear()
 
 
 def _after_compile(problem: Problem, output_memory: str) -> None:

@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 
 from . import _tuning
 from ._chunked import resolve_chunk_size
-from ._executor import Executable, Loop, compile_executable, persist
+from ._executor import Executable, Loop, compile_executable, persist, release
 from ._host_output import host_memory_kind
 from ._memory import free_bytes, host_free_bytes
 from ._problem import Placement, Problem, cpu_cores, is_out_of_memory
@@ -606,6 +606,7 @@ def first_attempt(
                 _tuning.store(key, entry)
                 return Attempt(plan, whole)
             per_item_temp = whole.temp_bytes / max(n, 1)  # the compiled evidence overrules
+            release(whole)
     if chunk_size is None:
         size, why = _rule_chunk(problem, loop, per_item_temp, budget)
         source = "rule"
@@ -635,6 +636,7 @@ def first_attempt(
                 if not size / 4 < better < size * 4:
                     size, why, per_item_temp = better, better_why, measured
                     why += " (from the compiled temporaries per draw)"
+                    release(exe)
                     continue
             reason = (
                 f"Chunks of {size} draws ({why}): {_mib(exe.temp_bytes)} of temporaries, "
@@ -666,6 +668,7 @@ def first_attempt(
             why = f"XLA's temporaries jumped to {_mib(exe.temp_bytes)} at {size}; halved"
         else:
             why = "halved until the compiled peak fits the budget"
+        release(exe)
         size = smaller(n, size)
 
 
@@ -695,6 +698,7 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
     # The same executable the tuned run had (its segments cost one dispatch more).
     exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress, tuned=True, stored=True)
     if exe is None or exe.peak_bytes > limit:
+        release(exe)
         return None
     what = "No loop" if size is None else f"Chunks of {size} draws"
     reason = (
@@ -821,6 +825,7 @@ class Tuner:
             stored=True,
         )
         if exe is None or exe.peak_bytes > self._limit:
+            release(exe)
             return None
         return exe
 
@@ -857,7 +862,11 @@ def finished(attempt: Attempt) -> Plan:
         persist(attempt.exe)
         return plan
     tuner.close()
-    persist(tuner.steps[tuner.best])
+    for size, step in tuner.steps.items():
+        if size == tuner.best:
+            persist(step)
+        else:
+            release(step)
     rates = tuner.seconds_per_draw
     if not tuner.measured:
         return dataclasses.replace(plan, tuning_seconds=rates)

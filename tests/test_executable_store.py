@@ -57,11 +57,14 @@ def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress):
     first, plan = _run(jax_fn, raw, progressbar=progress)
     assert plan.loop is loop
     assert plan.source == "rule" and _stored(cache)
-    stored = _stored(cache)
+    stored = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in _stored(cache)}
     again, cached = _run(jax_fn, raw, progressbar=progress)
     assert cached.source == "cache" and "loaded from disk" in cached.reason
     assert (cached.strategy, cached.chunk_size) == (plan.strategy, plan.chunk_size)
-    assert _stored(cache) == stored  # nothing compiled, nothing new stored
+    assert cached.peak_bytes == plan.peak_bytes  # XLA's memory analysis survives the load
+    now = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in _stored(cache)}
+    assert now.keys() == stored.keys()  # nothing compiled, nothing new stored
+    assert all(now[p][1] == stored[p][1] for p in now)
     expected = reference(jax_fn, raw)
     assert_same(first, expected)
     assert_same(again, expected)
@@ -124,16 +127,46 @@ def test_the_folder_stays_within_its_bound(cache, monkeypatch):
     assert one not in _stored(cache)  # the least recently used went first
 
 
-def test_turned_off(monkeypatch, tmp_path):
-    monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", "")
+@pytest.mark.parametrize("off", [True, False], ids=["off", "default folder"])
+def test_turned_off(monkeypatch, tmp_path, off):
+    """`PYMC_CHUNKPOST_CACHE_DIR=""` stores nothing in the default folder, which is used
+    otherwise (the control)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if off:
+        monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", "")
+    else:
+        monkeypatch.delenv("PYMC_CHUNKPOST_CACHE_DIR")
     model = models.transforms()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 2, 50)
-    outputs, plan = _run(jax_fn, raw)
+    _run(jax_fn, raw)
     again, plan = _run(jax_fn, raw)
-    assert plan.source == "rule"
+    assert (plan.source == "rule") is off
     assert_same(again, reference(jax_fn, raw))
-    assert not list(tmp_path.iterdir())
+    stored = list((tmp_path / "pymc_chunkpost" / _executable_store.SUBFOLDER).glob("*.bin"))
+    assert bool(stored) is not off
+    clear_caches()
+
+
+def test_a_loader_failure_deletes_the_file_and_stops_the_store(cache, monkeypatch):
+    from jax.experimental import serialize_executable
+
+    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    _run(jax_fn, raw)
+    assert _stored(cache)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("this jaxlib cannot load it")
+
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", refuse)
+    outputs, plan = _run(jax_fn, raw)
+    assert "loaded from disk" not in plan.reason and not _stored(cache)
+    assert_same(outputs, reference(jax_fn, raw))
+    _run(jax_fn, raw)
+    assert not _stored(cache)  # nothing stored again in this process
 
 
 def test_fixed_strategies_store_nothing(cache):
@@ -167,6 +200,14 @@ def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
     run()
     outputs, plan = run()
     assert plan.source == "cache" and "loaded from disk" in plan.reason
+    assert plan.loop is loop and plan.n_devices == 4
+    assert_same(outputs, reference(jax_fn, host))
+    for out in outputs:
+        assert out.sharding.is_equivalent_to(sharding, out.ndim)
+    # The same devices in another order: another device assignment, never the stored one.
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:4][::-1]), ("d",)), spec)
+    outputs, plan = run()
+    assert "loaded from disk" not in plan.reason
     assert plan.loop is loop and plan.n_devices == 4
     assert_same(outputs, reference(jax_fn, host))
     for out in outputs:
