@@ -1,7 +1,7 @@
 """The GPU paths, checked on a machine with a GPU: one prepared run, sections in order of worth.
 
     python benchmarks/gpu_check.py --out OUT_DIR \
-        [--sections host_output,memory,oom,fixtures,sample,bench]
+        [--sections host_output,store,memory,oom,fixtures,sample,bench]
 
 Sections (each writes `OUT_DIR/<section>.json` as soon as it ends, so a run cut short still
 reports what it finished):
@@ -25,6 +25,10 @@ reports what it finished):
   GPU and on the CPU, against unpatched pymc with the same seed.
 - `bench`: `benchmarks/bench_postprocess.py` on big_det with the anchors (peak from the
   device's `peak_bytes_in_use`).
+- `store`: the executables `auto` keeps on disk (`_executable_store`). Two fresh processes
+  share one cache folder; each runs `auto` on three fixtures, on the GPU and with
+  `postprocessing_backend="cpu"`. The second must load what the first stored (the plan's
+  reason says "loaded from disk"), and both must equal pymc's values.
 
 Runs on a CPU-only machine too (the GPU-only parts say so), which is how it is tried before
 spending device time. On a GPU machine without pymc, carry its wheels (pymc, pytensor,
@@ -345,6 +349,46 @@ def section_sample(quick: bool) -> dict:
     return result
 
 
+def child_store(quick: str) -> dict:
+    """One process of the `store` section: `auto` on three fixtures, on the default device
+    and with `postprocessing_backend="cpu"`, against pymc's values."""
+    _setup()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from pymc.sampling.jax import _postprocess_samples
+
+    from pymc_chunkpost import _executable_store
+    from pymc_chunkpost._postprocess import run
+    from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws
+
+    rows = []
+    for name in ("eight_schools", "gp", "hierarchical"):
+        spec = FIXTURES[name]
+        model = spec.build()
+        fn = jax_fn(model)
+        host = raw_draws(model, spec.chains, 50 if quick == "quick" else spec.draws, 1)
+        reference = [np.asarray(v) for v in _postprocess_samples(fn, host, None, "vmap")]
+        for backend in (None, "cpu"):
+            raw = [jnp.asarray(x) for x in host]
+            tic = time.perf_counter()
+            outputs, plan = run(fn, raw, backend, "auto", True)
+            jax.block_until_ready(outputs)
+            rows.append(
+                {
+                    "fixture": name,
+                    "backend": backend,
+                    "seconds": time.perf_counter() - tic,
+                    "loaded": "loaded from disk" in plan.reason,
+                    "compile_seconds": plan.compile_seconds,
+                    "max_rel_diff": _max_rel_diff(outputs, reference),
+                    "devices": sorted({str(d) for o in outputs for d in o.devices()}),
+                }
+            )
+    _executable_store.wait()
+    return {"platform": jax.devices()[0].platform, "rows": rows}
+
+
 def _child(args: list[str], timeout: float, env: dict | None = None) -> dict:
     command = [sys.executable, __file__, "--child", *args]
     try:
@@ -513,7 +557,7 @@ def section_host_output(quick: bool = False, pool_gib: float = 1.0) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check_out")
-    parser.add_argument("--sections", default="host_output,memory,oom,fixtures,sample,bench")
+    parser.add_argument("--sections", default="host_output,store,memory,oom,fixtures,sample,bench")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a CPU try-out")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -524,6 +568,7 @@ def main(argv=None) -> int:
             "oom": child_oom,
             "fixtures": lambda quick: section_fixtures(quick == "quick"),
             "sample": lambda quick: section_sample(quick == "quick"),
+            "store": child_store,
         }
         value = children[kind](*rest)
         print(json.dumps(value, default=str))
@@ -550,6 +595,13 @@ def main(argv=None) -> int:
                 value = _child([section, "quick" if args.quick else "full"], 200, env)
             elif section == "host_output":
                 value = section_host_output(quick=args.quick)
+            elif section == "store":
+                import tempfile
+
+                with tempfile.TemporaryDirectory() as cache:
+                    env = {"PYMC_CHUNKPOST_CACHE_DIR": cache}
+                    quick = "quick" if args.quick else "full"
+                    value = {run: _child(["store", quick], 200, env) for run in ("first", "second")}
             elif section == "bench":
                 cases = "pymc_vmap,lax_map:64,lax_map:4000,auto,auto_progress"
                 done = subprocess.run(
