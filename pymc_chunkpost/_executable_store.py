@@ -43,7 +43,7 @@ MAGIC = b"pymc_chunkpost-executable-2\n"
 MAX_BYTES = 256 * 2**20
 #: Executables whose program holds more constant data than this are not stored: digesting
 #: and writing them would cost more than their compile, and each compiled candidate keeps its
-#: lowered module (a copy of the constants) until it is stored or its function is freed.
+#: lowered module (a copy of the constants) until it is stored or released.
 MAX_CONSTANT_BYTES = 16 * 2**20
 SUBFOLDER = "executables"
 

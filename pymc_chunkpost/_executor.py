@@ -248,18 +248,18 @@ def compile_executable(
     mesh = problem.placement.mesh
     devices = [problem.device] if mesh is None else list(mesh.devices.flat)
     lowereds = [lowered] if make_outputs is None else [lowered, make_outputs]
-    plan_text = [
-        problem.fingerprint,
-        ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
-        f"{problem.placement.spec}|{strategy}|{loop.value}|{chunk_size}|{donate}|{progress}",
-        f"{output_memory}|{segments}",
-    ]
-    slots = [
-        _executable_store.slot_for([*plan_text, role], devices, problem.shared_bytes)
-        if stored
-        else None
-        for role in ("step", "zeros")[: len(lowereds)]
-    ]
+    slots: list[Any] = [None] * len(lowereds)
+    if stored:  # named from the plan; the program is digested only on a hit, or after the run
+        plan_text = [
+            problem.fingerprint,
+            ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
+            f"{problem.placement.spec}|{strategy}|{loop.value}|{chunk_size}|{donate}|{progress}",
+            f"{output_memory}|{segments}",
+        ]
+        slots = [
+            _executable_store.slot_for([*plan_text, role], devices, problem.shared_bytes)
+            for role in ("step", "zeros")[: len(lowereds)]
+        ]
     found = [None if k is None else _executable_store.load(k, x) for k, x in zip(slots, lowereds)]
     compiled, init = found[0], (found[1] if make_outputs is not None else None)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
