@@ -250,11 +250,12 @@ def compile_executable(
     lowereds = [lowered] if make_outputs is None else [lowered, make_outputs]
     slots: list[Any] = [None] * len(lowereds)
     if stored:  # named from the plan; the program is digested only on a hit, or after the run
+        # Everything the in-memory key holds, the problem by what decides its program.
         plan_text = [
             problem.fingerprint,
             ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
-            f"{problem.placement.spec}|{strategy}|{loop.value}|{chunk_size}|{donate}|{progress}",
-            f"{output_memory}|{segments}",
+            str(problem.placement.spec),
+            "|".join(map(str, key[1:])),
         ]
         slots = [
             _executable_store.slot_for([*plan_text, role], devices, problem.shared_bytes)

@@ -576,9 +576,10 @@ def first_attempt(
     limit = math.inf if budget is None else budget
     loop = loop_for(problem, strategy)
     key = _tuning.tuning_key(problem, _request(strategy, "device"))
+    planned = strategy == "auto" and chunk_size is None  # the planner chooses the size
     # The tuning cache and the executables stored beside it serve `auto` alone: a fixed
     # request compiles what it names.
-    stored = strategy == "auto" and chunk_size is None and use_cache
+    stored = planned and use_cache
     if stored:
         cached = _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic)
         if cached is not None:
@@ -588,7 +589,7 @@ def first_attempt(
     comfortable = COMFORT_FRACTION * limit
     # On a CPU every shard's temporaries go through the one memory system they share.
     sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
-    if strategy == "auto" and chunk_size is None and _vmap_may_fit(problem, sharing):
+    if planned and _vmap_may_fit(problem, sharing):
         whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress, stored=stored)
         if whole is not None:
             temps = sharing * whole.temp_bytes
@@ -613,7 +614,7 @@ def first_attempt(
     else:
         size, why, source = resolve_chunk_size(n, chunk_size, None), "as requested", "requested"
     refined = False
-    tuned = strategy == "auto" and chunk_size is None  # the tuner may change the size
+    tuned = planned  # the tuner may change the size
     while True:
         exe = _compile(
             jax_fn, problem, "chunked", loop, size, donate, progress, tuned=tuned, stored=stored
