@@ -26,7 +26,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,18 +160,34 @@ def load(slot: Slot, lowered: Any) -> Any:
     return compiled
 
 
-def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
-    """Store `compiled` (of `lowered`) in `slot` on a background thread: digesting and
-    serializing take 1-30 ms, off the caller's path. Nothing is raised; Python waits for
-    the thread at exit."""
+def _submit(task: Callable[..., Any], *args: Any) -> None:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pymc_chunkpost")
         try:
-            _POOL.submit(_save, slot, lowered, compiled)
+            _POOL.submit(task, *args)
         except RuntimeError:  # the interpreter is shutting down: nothing is stored
             pass
+
+
+def _import_serializer() -> None:
+    from jax.experimental import serialize_executable  # noqa: F401
+
+
+def start_worker() -> None:
+    """Start the background thread and import the serializer: called just before XLA
+    compiles (which releases the GIL), so that neither lands on the caller's path later.
+    Started after the run instead, they held the GIL for 2-3 ms before the call could
+    return (docs/strategies.md)."""
+    _submit(_import_serializer)
+
+
+def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
+    """Store `compiled` (of `lowered`) in `slot` on a background thread: digesting and
+    serializing take 1-30 ms, off the caller's path. Nothing is raised; Python waits for
+    the thread at exit."""
+    _submit(_save, slot, lowered, compiled)
 
 
 def wait() -> None:

@@ -77,7 +77,8 @@ class Executable:
         alias_bytes: output bytes written into donated inputs.
         flops: XLA's cost analysis (a loop body counts once).
         problem: what it was compiled for.
-        init: for host-driven runs, a compiled `() -> outputs` of zero-filled outputs.
+        init: for host-driven runs, a `() -> outputs` of zero-filled outputs: compiled, or
+            on a CPU placed from the host (`_host_zeros`).
         output_memory: "device", or "host": `compiled` is then a chunk step
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
@@ -214,11 +215,15 @@ def compile_executable(
             args = (out_specs, specs, index)
         step = _per_shard(local_step, problem, n_mapped=2)
         jitted = jax.jit(step, donate_argnums=0)
-        make_outputs = jax.jit(
-            lambda: [jnp.zeros(s.shape, s.dtype) for s in out_specs],
-            out_shardings=[sharding] * len(out_specs),
-        ).lower()
+        if problem.device.platform == "cpu":
+            make_outputs, host_init = None, _host_zeros(out_specs, sharding)
+        else:
+            make_outputs = jax.jit(
+                lambda: [jnp.zeros(s.shape, s.dtype) for s in out_specs],
+                out_shardings=[sharding] * len(out_specs),
+            ).lower()
     else:
+        host_init = None
         flat = strategy == "vmap" and problem.gathers_draws
         whole_chains = problem.placement.spec[1] is None
         strategy_fn = flat_vmap if flat else STRATEGY_TABLE[strategy]
@@ -263,6 +268,8 @@ def compile_executable(
         ]
     found = [None if k is None else _executable_store.load(k, x) for k, x in zip(slots, lowereds)]
     compiled, init = found[0], (found[1] if make_outputs is not None else None)
+    if compiled is None and any(k is not None for k in slots):
+        _executable_store.start_worker()  # behind the compile, which releases the GIL
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # XLA compiles without the GIL: the zero outputs of a host-driven run compile on the
         # side, hidden behind the main compile.
@@ -273,6 +280,8 @@ def compile_executable(
             compiled = lowered.compile()
         if pending is not None:
             init = pending.result()
+    if make_outputs is None:
+        init = host_init
     to_store = [
         (k, x, c)
         for k, x, c, f in zip(slots, lowereds, (compiled, init), found)
@@ -302,6 +311,23 @@ def compile_executable(
     )
     _EXECUTABLES.put(jax_fn, key, result)
     return result
+
+
+def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable[[], list]:
+    """Zero outputs for a host-driven run on a CPU, placed from a broadcast numpy zero.
+
+    Nothing compiles (a compiled fill costs XLA's fixed 25-70 ms on 2 cores, docs/zoo.md),
+    no dense host copy is made, and the placed buffers are XLA's own, so the chunk step
+    may take them by donation.
+    """
+
+    def init() -> list[jax.Array]:
+        return [
+            jax.device_put(np.broadcast_to(np.zeros((), s.dtype), s.shape), sharding)
+            for s in out_specs
+        ]
+
+    return init
 
 
 def persist(exe: Executable) -> None:

@@ -27,12 +27,9 @@ FORMAT = 1
 
 @functools.cache
 def _our_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from . import __version__  # read from the installed metadata once, at import
 
-    try:
-        return version("pymc-chunkpost")
-    except PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 def tuning_key(problem: Problem, request: str) -> str:
