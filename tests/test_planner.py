@@ -480,6 +480,30 @@ class TestSegmentsKeepTheDraws:
         assert_intact(raw, copies)
 
 
+def test_segments_on_a_cpu_compile_no_fill_program(wide, monkeypatch):
+    """On a CPU the zero outputs that segments update are placed from the host: the step is
+    the only program XLA compiles, and it still takes those outputs by donation."""
+    compiles = []
+    real = jax.stages.Lowered.compile
+
+    def compile(self, *args, **kwargs):
+        compiles.append(self)
+        return real(self, *args, **kwargs)
+
+    pc.clear_caches()  # a fresh compile
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
+    exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
+    assert exe.segments and len(compiles) == 1
+    outs = exe.init()
+    pointers = [o.unsafe_buffer_pointer() for o in outs]
+    assert all(not np.asarray(o).any() for o in outs)
+    step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
+    assert all(o.is_deleted() for o in outs)  # donated, not copied
+    assert [o.unsafe_buffer_pointer() for o in step] == pointers
+
+
 def test_progress_bar_off_prints_nothing(wide, capsys):
     model, jax_fn = wide
     pc.postprocess_samples(jax_fn, models.raw_draws(model, 2, 30), None, "chunked", chunk_size=7)
