@@ -321,11 +321,17 @@ def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable
     may take them by donation.
     """
 
+    def zeros(spec: jax.ShapeDtypeStruct) -> jax.Array:
+        def shard(index: tuple[slice, ...]) -> np.ndarray:
+            shape = [len(range(*k.indices(n))) for k, n in zip(index, spec.shape)]
+            return np.broadcast_to(np.zeros((), spec.dtype), (*shape, *spec.shape[len(shape) :]))
+
+        # Only this process's shards: under `jax.distributed`, `device_put` of one host array
+        # would first check, by a collective, that every process passed the same value.
+        return jax.make_array_from_callback(spec.shape, sharding, shard)
+
     def init() -> list[jax.Array]:
-        return [
-            jax.device_put(np.broadcast_to(np.zeros((), s.dtype), s.shape), sharding)
-            for s in out_specs
-        ]
+        return [zeros(s) for s in out_specs]
 
     return init
 
