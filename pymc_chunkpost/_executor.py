@@ -322,8 +322,8 @@ def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable
     """
 
     def zeros(spec: jax.ShapeDtypeStruct) -> jax.Array:
-        def shard(index: tuple[slice, ...]) -> np.ndarray:
-            shape = [len(range(*k.indices(n))) for k, n in zip(index, spec.shape)]
+        def shard(index: tuple[slice, ...] | None) -> np.ndarray:
+            shape = [len(range(*k.indices(n))) for k, n in zip(index or (), spec.shape)]
             return np.broadcast_to(np.zeros((), spec.dtype), (*shape, *spec.shape[len(shape) :]))
 
         # Only this process's shards: under `jax.distributed`, `device_put` of one host array
