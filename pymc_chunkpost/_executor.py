@@ -267,12 +267,12 @@ def compile_executable(
             for role in ("step", "zeros")[: len(lowereds)]
         ]
     found = [None if k is None else _executable_store.load(k, x) for k, x in zip(slots, lowereds)]
-    compiled, init = found[0], (found[1] if make_outputs is not None else None)
+    compiled, init = found[0], (found[1] if make_outputs is not None else host_init)
     if compiled is None and any(k is not None for k in slots):
         _executable_store.start_worker()  # behind the compile, which releases the GIL
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # XLA compiles without the GIL: the zero outputs of a host-driven run compile on the
-        # side, hidden behind the main compile.
+        # XLA compiles without the GIL: a compiled fill (off a CPU) compiles on the side,
+        # hidden behind the main compile.
         pending = (
             None if make_outputs is None or init is not None else pool.submit(make_outputs.compile)
         )
@@ -280,8 +280,6 @@ def compile_executable(
             compiled = lowered.compile()
         if pending is not None:
             init = pending.result()
-    if make_outputs is None:
-        init = host_init
     to_store = [
         (k, x, c)
         for k, x, c, f in zip(slots, lowereds, (compiled, init), found)
@@ -316,15 +314,18 @@ def compile_executable(
 def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable[[], list]:
     """Zero outputs for a host-driven run on a CPU, placed from a broadcast numpy zero.
 
-    Nothing compiles (a compiled fill costs XLA's fixed 25-70 ms on 2 cores, docs/zoo.md),
+    Nothing compiles (a compiled fill costs XLA's fixed 25-70 ms on 2 cores,
+    docs/strategies.md),
     no dense host copy is made, and the placed buffers are XLA's own, so the chunk step
     may take them by donation.
     """
 
     def zeros(spec: jax.ShapeDtypeStruct) -> jax.Array:
+        zero = np.zeros((), spec.dtype)
+
         def shard(index: tuple[slice, ...] | None) -> np.ndarray:
             shape = [len(range(*k.indices(n))) for k, n in zip(index or (), spec.shape)]
-            return np.broadcast_to(np.zeros((), spec.dtype), (*shape, *spec.shape[len(shape) :]))
+            return np.broadcast_to(zero, (*shape, *spec.shape[len(shape) :]))
 
         # Only this process's shards: under `jax.distributed`, `device_put` of one host array
         # would first check, by a collective, that every process passed the same value.

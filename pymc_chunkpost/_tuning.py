@@ -9,7 +9,6 @@ save time, never raise.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from typing import Any
@@ -25,7 +24,6 @@ __all__ = ["cache_dir", "tuning_key", "load", "store"]
 FORMAT = 1
 
 
-@functools.cache
 def _our_version() -> str:
     from . import __version__  # read from the installed metadata once, at import
 
