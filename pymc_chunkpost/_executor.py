@@ -51,6 +51,11 @@ class Loop(enum.StrEnum):
 FIRST_SEGMENT_FRACTION = 1 / 64
 #: ...and every later one about this many seconds' worth (tqdm redraws every 0.1 s).
 SEGMENT_SECONDS = 0.25
+#: A host-driven run on a CPU starts from zero outputs placed from the host when they come to
+#: less than this: no fill program to compile. Larger ones are filled by a compiled program
+#: (compiled beside the step), which writes them faster than the host's copy does: the
+#: host's copy costs more per byte, the program a fixed compile (docs/strategies.md).
+HOST_ZEROS_MAX_BYTES = 48 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,9 +220,10 @@ def compile_executable(
             args = (out_specs, specs, index)
         step = _per_shard(local_step, problem, n_mapped=2)
         jitted = jax.jit(step, donate_argnums=0)
-        if problem.device.platform == "cpu":
+        if problem.device.platform == "cpu" and problem.output_bytes < HOST_ZEROS_MAX_BYTES:
             make_outputs, host_init = None, _host_zeros(out_specs, sharding)
         else:
+            host_init = None
             make_outputs = jax.jit(
                 lambda: [jnp.zeros(s.shape, s.dtype) for s in out_specs],
                 out_shardings=[sharding] * len(out_specs),

@@ -482,8 +482,9 @@ class TestSegmentsKeepTheDraws:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="elsewhere the fill is compiled")
 def test_segments_on_a_cpu_compile_no_fill_program(wide, monkeypatch):
-    """On a CPU the zero outputs that segments update are placed from the host: the step is
-    the only program XLA compiles, and it still takes those outputs by donation."""
+    """On a CPU, outputs under `HOST_ZEROS_MAX_BYTES` that segments update start as zeros
+    placed from the host: the step is the only program XLA compiles, and it still takes
+    those outputs by donation."""
     compiles = []
     real = jax.stages.Lowered.compile
 
@@ -503,6 +504,35 @@ def test_segments_on_a_cpu_compile_no_fill_program(wide, monkeypatch):
     step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
     assert all(o.is_deleted() for o in outs)  # donated, not copied
     assert [o.unsafe_buffer_pointer() for o in step] == pointers
+
+
+def test_segments_with_large_outputs_compile_a_fill_program(wide, monkeypatch):
+    """Outputs of `HOST_ZEROS_MAX_BYTES` or more are filled by a compiled program (the
+    host's copy writes them slower): two programs compile, the fill gives zeros of the
+    outputs' shapes and dtypes, and the step takes them by donation."""
+    compiles = []
+    real = jax.stages.Lowered.compile
+
+    def compile(self, *args, **kwargs):
+        compiles.append(self)
+        return real(self, *args, **kwargs)
+
+    pc.clear_caches()
+    monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
+    exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
+    assert exe.segments and len(compiles) == 2
+    outs = exe.init()
+    computed = [exe.problem.out_specs[j] for j in exe.problem.computed]
+    assert [(o.shape, o.dtype) for o in outs] == [(s.shape, s.dtype) for s in computed]
+    assert all(not np.asarray(o).any() for o in outs)
+    pointers = [o.unsafe_buffer_pointer() for o in outs]
+    step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
+    assert all(o.is_deleted() for o in outs)
+    assert [o.unsafe_buffer_pointer() for o in step] == pointers
+    pc.clear_caches()  # the executables compiled under the patched threshold
 
 
 def test_progress_bar_off_prints_nothing(wide, capsys):
