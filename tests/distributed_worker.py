@@ -22,6 +22,9 @@ from pathlib import Path
 import jax
 
 LOCAL_DEVICES = 2
+#: An option of this worker, not of `run`: fill the zero outputs by a compiled program, as
+#: outputs of `_executor.HOST_ZEROS_MAX_BYTES` or more are.
+COMPILED_FILL = "compiled fill"
 CHAINS = 4
 DRAWS = 10
 MODEL = "transforms"
@@ -30,8 +33,9 @@ MODEL = "transforms"
 #: each process's devices (2 chains x 5 draws per shard); "local" is each process's own chains
 #: as numpy arrays, on one device of its own. The strategies: the planner, an explicit chunk of
 #: 3 that overlaps at the end of each shard, pymc's own strategy, the host-driven and
-#: segmented loops with a progress bar and donated draws, and chunk sizes that differ between
-#: the processes (as the online tuner's may: each process runs its own executable).
+#: segmented loops with a progress bar and donated draws (their zero outputs placed from the
+#: host, and filled by a compiled program as large outputs are), and chunk sizes that differ
+#: between the processes (as the online tuner's may: each process runs its own executable).
 RUNS = [
     (layout, strategy, options)
     for layout in ("chain", "chain_draw")
@@ -39,6 +43,7 @@ RUNS = [
 ] + [
     ("chain", "auto", {"chunk_size": 3, "progressbar": True, "donate_samples": True}),
     ("chain", "chunked", {"chunk_size": 4, "progressbar": True}),
+    ("chain", "chunked", {"chunk_size": 5, "progressbar": True, COMPILED_FILL: True}),
     ("chain", "chunked", {"chunk_size": "3 + process id"}),
     ("local", "auto", {}),
 ]
@@ -68,6 +73,7 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     import models
 
+    from pymc_chunkpost import _executor
     from pymc_chunkpost._postprocess import run
 
     assert jax.process_index() == process_id and jax.process_count() == num_processes
@@ -96,14 +102,22 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
             mine = slice(None)
             sharding = NamedSharding(*meshes[layout])
             raw = [_global(sharding, x) for x in full]
+        options = dict(options)
+        fill = options.pop(COMPILED_FILL, False)
+        threshold, host_zeros = _executor.HOST_ZEROS_MAX_BYTES, _executor._host_zeros
+        if fill:  # and the host's zeros must not be what ran
+            _executor.HOST_ZEROS_MAX_BYTES, _executor._host_zeros = 0, _no_host_zeros
         tic = time.perf_counter()
-        outputs, plan = run(jax_fn, raw, None, strategy, **options)
+        try:
+            outputs, plan = run(jax_fn, raw, None, strategy, **options)
+        finally:
+            _executor.HOST_ZEROS_MAX_BYTES, _executor._host_zeros = threshold, host_zeros
         seconds = time.perf_counter() - tic
         checks.append(
             {
                 "layout": layout,
                 "strategy": strategy,
-                "options": options,
+                "options": {**options, COMPILED_FILL: fill},
                 "seconds": seconds,
                 "n_devices": plan.n_devices,
                 "loop": str(plan.loop),
@@ -126,6 +140,10 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
         "local_devices": [str(d) for d in jax.local_devices()],
         "global_devices": len(jax.devices()),
     }
+
+
+def _no_host_zeros(*args, **kwargs):
+    raise AssertionError("the zero outputs were placed from the host, not filled by XLA")
 
 
 def _chains_here(sharding, shape) -> slice:
