@@ -480,20 +480,26 @@ class TestSegmentsKeepTheDraws:
         assert_intact(raw, copies)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="elsewhere the fill is compiled")
-def test_segments_on_a_cpu_compile_no_fill_program(wide, monkeypatch):
-    """On a CPU, outputs under `HOST_ZEROS_MAX_BYTES` that segments update start as zeros
-    placed from the host: the step is the only program XLA compiles, and it still takes
-    those outputs by donation."""
-    compiles = []
+@pytest.fixture
+def compiles(monkeypatch):
+    """The programs XLA compiles from here on (`jax.stages.Lowered`), in order."""
+    lowered = []
     real = jax.stages.Lowered.compile
 
     def compile(self, *args, **kwargs):
-        compiles.append(self)
+        lowered.append(self)
         return real(self, *args, **kwargs)
 
-    pc.clear_caches()  # a fresh compile
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
+    return lowered
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="elsewhere the fill is compiled")
+def test_segments_on_a_cpu_compile_no_fill_program(wide, compiles):
+    """On a CPU, outputs under `HOST_ZEROS_MAX_BYTES` that segments update start as zeros
+    placed from the host: the step is the only program XLA compiles, and it still takes
+    those outputs by donation."""
+    pc.clear_caches()  # a fresh compile
     model, jax_fn = wide
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
     exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
@@ -506,20 +512,12 @@ def test_segments_on_a_cpu_compile_no_fill_program(wide, monkeypatch):
     assert [o.unsafe_buffer_pointer() for o in step] == pointers
 
 
-def test_segments_with_large_outputs_compile_a_fill_program(wide, monkeypatch):
+def test_segments_with_large_outputs_compile_a_fill_program(wide, monkeypatch, compiles):
     """Outputs of `HOST_ZEROS_MAX_BYTES` or more are filled by a compiled program (the
     host's copy writes them slower): two programs compile, the fill gives zeros of the
     outputs' shapes and dtypes, and the step takes them by donation."""
-    compiles = []
-    real = jax.stages.Lowered.compile
-
-    def compile(self, *args, **kwargs):
-        compiles.append(self)
-        return real(self, *args, **kwargs)
-
     pc.clear_caches()
     monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
-    monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
     model, jax_fn = wide
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
     exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
