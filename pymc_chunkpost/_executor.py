@@ -80,7 +80,6 @@ class Executable:
         temp_bytes: XLA's temporaries per device (`memory_analysis()`).
         output_bytes: XLA's output buffers per device.
         alias_bytes: output bytes written into donated inputs.
-        flops: XLA's cost analysis (a loop body counts once).
         problem: what it was compiled for.
         init: for host-driven runs, a `() -> outputs` of zero-filled outputs: compiled, or
             on a CPU placed from the host (`_host_zeros`).
@@ -106,7 +105,6 @@ class Executable:
     temp_bytes: int
     output_bytes: int
     alias_bytes: int
-    flops: float
     problem: Problem
     init: Any = None
     output_memory: str = "device"
@@ -199,7 +197,6 @@ def compile_executable(
             temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
             output_bytes=int(getattr(memory, "output_size_in_bytes", 0)),
             alias_bytes=0,
-            flops=_flops(steps[devices[0]]),
             problem=problem,
             output_memory="host",
         )
@@ -307,7 +304,6 @@ def compile_executable(
         temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
         output_bytes=int(getattr(memory, "output_size_in_bytes", problem.output_bytes)),
         alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
-        flops=_flops(compiled),
         problem=problem,
         init=init,
         loaded=found[0] is not None,
@@ -362,16 +358,6 @@ def _after_compile(problem: Problem, output_memory: str) -> None:
     host = output_memory == "host" or problem.device.platform == "cpu"
     if host and problem.output_bytes >= TRIM_MIN_BYTES:
         release_freed_heap()
-
-
-def _flops(compiled) -> float:
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - cost analysis is optional evidence; absent is fine
-        return 0.0
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else {}
-    return float((cost or {}).get("flops", 0.0))
 
 
 def _scaled_progress(n_shards: int) -> Callable:
