@@ -81,8 +81,9 @@ class Executable:
         output_bytes: XLA's output buffers per device.
         alias_bytes: output bytes written into donated inputs.
         problem: what it was compiled for.
-        init: for host-driven runs, a `() -> outputs` of zero-filled outputs: compiled, or
-            on a CPU placed from the host (`_host_zeros`).
+        init: for host-driven runs, a `() -> outputs` of zero-filled outputs: compiled, or,
+            on a CPU for outputs under `HOST_ZEROS_MAX_BYTES`, placed from the host
+            (`_host_zeros`).
         output_memory: "device", or "host": `compiled` is then a chunk step
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
@@ -274,8 +275,8 @@ def compile_executable(
     if compiled is None and any(k is not None for k in slots):
         _executable_store.start_worker()  # behind the compile, which releases the GIL
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # XLA compiles without the GIL: a compiled fill (off a CPU) compiles on the side,
-        # hidden behind the main compile.
+        # XLA compiles without the GIL: a compiled fill compiles on the side, hidden behind
+        # the main compile.
         pending = (
             None if make_outputs is None or init is not None else pool.submit(make_outputs.compile)
         )
@@ -316,10 +317,10 @@ def compile_executable(
 def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable[[], list]:
     """Zero outputs for a host-driven run on a CPU, placed from a broadcast numpy zero.
 
-    Nothing compiles (a compiled fill costs XLA's fixed 25-70 ms on 2 cores,
-    docs/strategies.md),
-    no dense host copy is made, and the placed buffers are XLA's own, so the chunk step
-    may take them by donation.
+    For outputs under `HOST_ZEROS_MAX_BYTES`: nothing compiles (a compiled fill costs XLA's
+    fixed 50-75 ms on 2 cores), while the copy costs more per byte than the compiled fill
+    (docs/strategies.md). The placed buffers are XLA's own, so the chunk step may take them
+    by donation.
     """
 
     def zeros(spec: jax.ShapeDtypeStruct) -> jax.Array:
