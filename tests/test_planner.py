@@ -480,6 +480,19 @@ class TestSegmentsKeepTheDraws:
         assert_intact(raw, copies)
 
 
+def assert_zero_outputs_donated_to_the_step(exe, raw):
+    """`exe.init()` gives zeros of the computed outputs' shapes and dtypes, and a segment
+    takes them by donation: it writes into the same buffers, nothing is copied."""
+    outs = exe.init()
+    computed = [exe.problem.out_specs[j] for j in exe.problem.computed]
+    assert [(o.shape, o.dtype) for o in outs] == [(s.shape, s.dtype) for s in computed]
+    assert all(not np.asarray(o).any() for o in outs)
+    pointers = [o.unsafe_buffer_pointer() for o in outs]
+    step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
+    assert all(o.is_deleted() for o in outs)  # donated, not copied
+    assert [o.unsafe_buffer_pointer() for o in step] == pointers
+
+
 @pytest.fixture
 def compiles(monkeypatch):
     """The programs XLA compiles from here on (`jax.stages.Lowered`), in order."""
@@ -504,12 +517,7 @@ def test_segments_on_a_cpu_compile_no_fill_program(wide, compiles):
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
     exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
     assert exe.segments and len(compiles) == 1
-    outs = exe.init()
-    pointers = [o.unsafe_buffer_pointer() for o in outs]
-    assert all(not np.asarray(o).any() for o in outs)
-    step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
-    assert all(o.is_deleted() for o in outs)  # donated, not copied
-    assert [o.unsafe_buffer_pointer() for o in step] == pointers
+    assert_zero_outputs_donated_to_the_step(exe, raw)
 
 
 def test_segments_with_large_outputs_compile_a_fill_program(wide, monkeypatch, compiles):
@@ -522,14 +530,7 @@ def test_segments_with_large_outputs_compile_a_fill_program(wide, monkeypatch, c
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
     exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
     assert exe.segments and len(compiles) == 2
-    outs = exe.init()
-    computed = [exe.problem.out_specs[j] for j in exe.problem.computed]
-    assert [(o.shape, o.dtype) for o in outs] == [(s.shape, s.dtype) for s in computed]
-    assert all(not np.asarray(o).any() for o in outs)
-    pointers = [o.unsafe_buffer_pointer() for o in outs]
-    step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
-    assert all(o.is_deleted() for o in outs)
-    assert [o.unsafe_buffer_pointer() for o in step] == pointers
+    assert_zero_outputs_donated_to_the_step(exe, raw)
     pc.clear_caches()  # the executables compiled under the patched threshold
 
 
