@@ -10,6 +10,10 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task"), reason="counts threads in /proc"
+)
+
 # Prints the device count and the number of XLA CPU compute threads after one computation.
 PROBE = """
 import os, sys
@@ -36,7 +40,6 @@ def _probe(route: str, xla_flags: str | None) -> tuple[int, int]:
     return int(devices), int(threads)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 @pytest.mark.parametrize(
     "route, xla_flags",
     [
@@ -50,7 +53,6 @@ def test_asking_for_four_devices_beats_pymcs_hundred(route, xla_flags):
     assert threads <= max(4, os.cpu_count() or 1)
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 def test_pymc_alone_gives_a_hundred_devices_and_threads():
     """What the advice is for: without it, a compute thread per forced device."""
     devices, threads = _probe("none", None)
