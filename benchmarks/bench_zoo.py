@@ -2,6 +2,7 @@
 
     python benchmarks/bench_zoo.py --repeats 3 --json zoo.json --out zoo.md
     python benchmarks/bench_zoo.py --models gp,basis --devices 4   # draws sharded over 4 devices
+    python benchmarks/bench_zoo.py --models gp --host-devices 4    # one device of a JAX with 4
     python benchmarks/bench_zoo.py --list
     python benchmarks/bench_zoo.py --smoke                         # 2 models, 1 repeat, < 1 min
 
@@ -31,6 +32,12 @@ process's `VmHWM` after `echo 5 > /proc/self/clear_refs` right before the call; 
 shows it less the `VmRSS` before the call ("peak extra"), against the floor: the bytes of
 the outputs that do not pass an input through. With `--devices N` the N devices are CPU
 devices in one RAM, so the peak is the process's, and the floor is all devices' share.
+
+Host devices: a run with `--devices 1` keeps the 100 CPU devices that `pymc.sampling.jax`
+forces at import, as pymc's users have them; with `--devices N` its JAX has N. On a CPU
+that count sets XLA's compute threads, which slows loops on a small machine (README, "On a
+CPU: one JAX device per chain"): `--host-devices H` gives every run H, so that both settings
+can be measured side by side.
 
 After timing, every run compares its outputs with pymc's own "vmap" outputs, computed once per
 model in a separate process and saved: integers exactly, floats within `rtol=1e-10` plus
@@ -318,21 +325,32 @@ def child(model: str, case: str, chains: int, draws: int, devices: int, ref_dir:
 # The parent: round-robin over fresh processes, then the tables.
 
 
-def _child_env(devices: int, cache_dir: str) -> dict:
+def host_device_count(devices: int, host_devices: int | None) -> int | None:
+    """The CPU devices a child's JAX has: `host_devices` if given, else `devices` when the
+    draws are sharded, else None (pymc's 100, forced at import, as its users have them)."""
+    if host_devices is not None:
+        return host_devices
+    return devices if devices > 1 else None
+
+
+def _child_env(devices: int, cache_dir: str, host_devices: int | None = None) -> dict:
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env[CACHE_ENV] = cache_dir
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    if devices > 1:
+    count = host_device_count(devices, host_devices)
+    if count is not None:
         # Last on the line, so that it wins over the 100 devices that pymc.sampling.jax puts
         # first at import (its rewrite keeps a last flag that no whitespace follows).
         flags = env.get("XLA_FLAGS", "").split()
         flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
-        env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
+        env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
     return env
 
 
-def run_child(model, case, chains, draws, devices, ref_dir, cache_dir, timeout) -> dict:
+def run_child(
+    model, case, chains, draws, devices, ref_dir, cache_dir, timeout, host_devices=None
+) -> dict:
     command = [
         sys.executable,
         __file__,
@@ -347,7 +365,7 @@ def run_child(model, case, chains, draws, devices, ref_dir, cache_dir, timeout) 
             text=True,
             timeout=timeout,
             cwd=ROOT,
-            env=_child_env(devices, cache_dir),
+            env=_child_env(devices, cache_dir, host_devices),
         )
     except subprocess.TimeoutExpired:
         return {**head, "error": f"timeout: over {timeout} s"}
@@ -460,7 +478,9 @@ def _peak_ratio(s: dict) -> str:
     return f"{s['peak_extra_bytes'] / s['floor_bytes']:.2f}"
 
 
-def benchmark(models, cases, repeats, chains, draws, devices, timeout, scan_timeout, log) -> dict:
+def benchmark(
+    models, cases, repeats, chains, draws, devices, timeout, scan_timeout, log, host_devices=None
+) -> dict:
     """Run every case of every model `repeats` times, round-robin, each in a fresh process."""
     from pymc_chunkpost.profiling.fixtures import FIXTURES
 
@@ -491,7 +511,9 @@ def benchmark(models, cases, repeats, chains, draws, devices, timeout, scan_time
                         continue
                     case_dir = cache_dir if case in AUTO_CASES else work / "anchor-cache"
                     limit = scan_timeout if case == "pymc_scan" else timeout
-                    run = run_child(model, case, c, d, devices, ref_dir, str(case_dir), limit)
+                    run = run_child(
+                        model, case, c, d, devices, ref_dir, str(case_dir), limit, host_devices
+                    )
                     run["repeat"] = repeat
                     runs.append(run)
                     log(run)
@@ -513,6 +535,8 @@ def _header(args, models, cases) -> str:
         if args.devices > 1
         else ("the default device")
     )
+    count = host_device_count(args.devices, args.host_devices)
+    devices += ", pymc's 100 host devices" if count is None else f", {count} host devices"
     return (
         f"Measured {time.strftime('%Y-%m-%d')} with `{command.strip()}`: {os.cpu_count()} CPU "
         f"cores ({jax.devices()[0].device_kind}), Python {sys.version.split()[0]}, "
@@ -532,6 +556,12 @@ def main(argv=None) -> int:
     parser.add_argument("--chains", type=int, default=None, help="default: the model's (4)")
     parser.add_argument("--draws", type=int, default=None, help="default: the model's (1000)")
     parser.add_argument("--devices", type=int, default=1, help="shard the chains over N devices")
+    parser.add_argument(
+        "--host-devices",
+        type=int,
+        default=None,
+        help="CPU devices of each run's JAX (default: --devices N, or pymc's 100 for one)",
+    )
     parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     parser.add_argument("--scan-timeout", type=int, default=60, help="seconds per pymc_scan run")
     parser.add_argument("--json", default=None, help="write all runs and the summary here")
@@ -582,6 +612,10 @@ def main(argv=None) -> int:
         parser.error(f"--models: unknown {unknown}; choose from {', '.join(FIXTURES)}")
     if args.repeats < 1 or args.devices < 1:
         parser.error(f"--repeats and --devices must be >= 1, got {args.repeats}, {args.devices}")
+    if args.host_devices is not None and args.host_devices < args.devices:
+        parser.error(
+            f"--host-devices {args.host_devices} must be at least --devices {args.devices}"
+        )
     try:
         check_cases(cases, args.devices)
     except ValueError as error:
@@ -601,6 +635,7 @@ def main(argv=None) -> int:
         args.timeout,
         args.scan_timeout,
         log,
+        args.host_devices,
     )
     header = _header(args, models, cases)
     text = header + "\n\n" + tables(result["summary"]) + "\n"

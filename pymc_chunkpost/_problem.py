@@ -7,6 +7,8 @@ function). `locate` reads where the draws live: one device, or a mesh on the cha
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +37,7 @@ def is_out_of_memory(error: Exception) -> bool:
 
 
 def nbytes(spec: jax.ShapeDtypeStruct) -> int:
-    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+    return math.prod(spec.shape) * np.dtype(spec.dtype).itemsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +94,9 @@ class Placement:
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """The shapes of one post-processing call: what the planner and the caches key on.
+
+    Its sums over the inputs and outputs are computed once per instance (a model may have
+    hundreds of variables, and the planner reads them many times).
 
     Attributes:
         in_specs: the raw samples' global shapes and dtypes, `(chains, draws, ...)` each.
@@ -152,7 +157,7 @@ class Problem:
     def n_shards(self) -> int:
         return self.placement.n_shards
 
-    @property
+    @functools.cached_property
     def n_local_shards(self) -> int:
         """Shards on this process's devices: all of them, but under `jax.distributed`."""
         placement = self.placement
@@ -162,16 +167,16 @@ class Problem:
         index = placement.sharding.addressable_devices_indices_map(shape)
         return len({tuple(s.indices(n) for s, n in zip(i or (), shape)) for i in index.values()})
 
-    @property
+    @functools.cached_property
     def input_bytes(self) -> int:
         return sum(nbytes(s) for s in self.in_specs)
 
-    @property
+    @functools.cached_property
     def output_bytes(self) -> int:
         """Bytes of the outputs that must be newly allocated (not passed-through inputs)."""
         return sum(nbytes(s) for s, k in zip(self.out_specs, self.forwarded) if k is None)
 
-    @property
+    @functools.cached_property
     def computed(self) -> tuple[int, ...]:
         """Indices of the outputs that are computed (not passed through)."""
         return tuple(j for j, k in enumerate(self.forwarded) if k is None)
@@ -181,7 +186,7 @@ class Problem:
         """Arrays a loop body slices or updates: the inputs and the computed outputs."""
         return len(self.in_specs) + len(self.computed)
 
-    @property
+    @functools.cached_property
     def per_item_bytes(self) -> int:
         """Input plus computed-output bytes of one draw."""
         return (self.input_bytes + self.output_bytes) // max(self.n_items, 1)

@@ -111,6 +111,31 @@ def test_default_cases_hold_every_anchor(bench):
     bench.check_cases(bench.default_cases(4), 4)
 
 
+@pytest.mark.parametrize(
+    "devices, host_devices, want",
+    [(1, None, None), (1, 4, "4"), (4, None, "4"), (2, 8, "8")],
+)
+def test_host_devices_flag_comes_last(bench, monkeypatch, devices, host_devices, want):
+    # pymc.sampling.jax puts its 100 first at import; the last flag on the line wins.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3 --xla_foo=1")
+    flags = bench._child_env(devices, "/cache", host_devices)["XLA_FLAGS"].split()
+    counts = [f.split("=")[1] for f in flags if "device_count" in f]
+    assert counts == ([want] if want else ["3"])
+    assert "--xla_foo=1" in flags
+    assert want is None or flags[-1].endswith(f"={want}")
+
+
+def test_fewer_host_devices_than_devices_is_rejected():
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--devices", "4", "--host-devices", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "--host-devices 2 must be at least --devices 4" in done.stderr
+
+
 def test_list_names_the_zoo():
     from pymc_chunkpost.profiling.fixtures import ZOO
 
