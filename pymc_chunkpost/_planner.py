@@ -43,7 +43,7 @@ from ._chunked import resolve_chunk_size
 from ._executor import Executable, Loop, compile_executable, persist, release
 from ._host_output import host_memory_kind
 from ._memory import free_bytes, host_free_bytes
-from ._problem import Placement, Problem, cpu_cores, is_out_of_memory
+from ._problem import Placement, Problem, cpu_cores, is_out_of_memory, uses_primitives
 
 __all__ = [
     "Attempt",
@@ -51,6 +51,7 @@ __all__ = [
     "first_attempt",
     "next_attempt",
     "resolve_budget",
+    "serial_shards",
     "spread",
     "TARGET_CHUNK_BYTES",
 ]
@@ -227,6 +228,56 @@ def _user_stacklevel() -> int:
 def warn(message: str) -> None:
     """A `RuntimeWarning` pointed at the user's own call."""
     warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+#: jaxlib releases before this one can deadlock when all the CPU devices of a process run
+#: LAPACK kernels at once, in a loop or not (docs/strategies.md, "A deadlock of jaxlib 0.10
+#: on few CPU devices"). Python 3.11 gets at most jaxlib 0.10.
+LAPACK_DEADLOCK_FIXED_IN = (0, 11)
+#: Primitives that run as batched LAPACK kernels on a CPU: Cholesky and LU deadlocked; eigh
+#: and SVD take the same route and are included untested.
+LAPACK_PRIMITIVES = frozenset({"cholesky", "lu", "eigh", "svd"})
+
+
+def _jaxlib_version() -> tuple[int, ...]:
+    import jaxlib
+
+    parts = []
+    for part in str(getattr(jaxlib, "__version__", "0")).split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def serial_shards(problem: Problem) -> str | None:
+    """Why the shards of `problem` must run one after another, each as a one-device run, or
+    None when they run together.
+
+    Only for the jaxlib deadlock of `LAPACK_DEADLOCK_FIXED_IN`, whatever the strategy: draws
+    split over CPU devices, a per-draw function that calls a LAPACK kernel, and fewer than
+    twice as many CPU devices in the process as shards (4 of 8 ran). The cost is one compile
+    per device instead of one in all.
+    """
+    if problem.n_local_shards < 2 or problem.device.platform != "cpu":
+        return None
+    if _jaxlib_version() >= LAPACK_DEADLOCK_FIXED_IN or problem.jaxpr is None:
+        return None
+    cpu_devices = _cpu_device_count()
+    if cpu_devices >= 2 * problem.n_local_shards:
+        return None
+    if not uses_primitives(problem.jaxpr.jaxpr, LAPACK_PRIMITIVES):
+        return None
+    import jaxlib
+
+    return (
+        f"{problem.n_local_shards} devices, one shard after another: jaxlib "
+        f"{jaxlib.__version__} can deadlock when {problem.n_local_shards} of {cpu_devices} CPU "
+        "devices run LAPACK kernels at once"
+    )
+
+
+def _cpu_device_count() -> int:
+    return len(jax.local_devices(backend="cpu"))
 
 
 def spread(problem: Problem) -> Problem:

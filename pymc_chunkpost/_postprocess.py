@@ -7,6 +7,7 @@ free what was donated, and assemble the outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import traceback
 from collections.abc import Callable, Sequence
@@ -160,6 +161,21 @@ def run(
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+    serial = _planner.serial_shards(problem)
+    if serial is not None:
+        return _run_shard_by_shard(
+            jax_fn,
+            samples,
+            problem,
+            serial,
+            strategy,
+            donate_samples,
+            chunk_size=chunk_size,
+            n_chunks=n_chunks,
+            memory_budget=memory_budget,
+            progressbar=progressbar,
+            output_memory=output_memory,
+        )
     if strategy in CHUNK_STRATEGIES:
         problem = _planner.spread(problem)
     placed, donate = _place(samples, donate_samples, problem)
@@ -220,6 +236,55 @@ def run(
     if attempt.exe.output_memory == "host":  # every output in host memory, as asked
         outputs = [np.asarray(x) for x in outputs]
     return outputs, _planner.finished(attempt)
+
+
+def _run_shard_by_shard(
+    jax_fn: Callable,
+    samples: list,
+    problem: Problem,
+    reason: str,
+    strategy: str,
+    donate_samples: bool,
+    *,
+    memory_budget: float | None,
+    **options: Any,
+) -> tuple[list[Any], Plan]:
+    """`run` on each device's shard in turn, as a one-device run (`_planner.serial_shards`).
+
+    The outputs are assembled on the draws' sharding from the shards' own outputs (no copy;
+    numpy outputs, in host memory, are filled block by block). An explicit `memory_budget`
+    is shared out equally. Nothing is donated until every shard has succeeded.
+    """
+    shape = problem.in_specs[0].shape
+    sharding = problem.placement.sharding
+    index = sharding.addressable_devices_indices_map(shape)
+    budget = None if memory_budget is None else memory_budget / len(index)
+    results: list[list[Any]] = []
+    plan: Plan | None = None
+    for device in index:
+        local = [next(s.data for s in x.addressable_shards if s.device == device) for x in samples]
+        outputs, plan = run(jax_fn, local, None, strategy, False, memory_budget=budget, **options)
+        results.append(outputs)
+    assert plan is not None
+    assembled: list[Any] = []
+    for j, (spec, k) in enumerate(zip(problem.out_specs, problem.forwarded)):
+        parts = [r[j] for r in results]
+        if k is not None:
+            assembled.append(samples[k])
+        elif isinstance(parts[0], np.ndarray):
+            whole = np.empty(spec.shape, spec.dtype)
+            for where, part in zip(index.values(), parts):
+                whole[where] = part
+            assembled.append(whole)
+        else:
+            assembled.append(jax.make_array_from_single_device_arrays(spec.shape, sharding, parts))
+    if donate_samples:  # what donation frees, once nothing can fail any more
+        passed_through = {k for k in problem.forwarded if k is not None}
+        for i, x in enumerate(samples):
+            if i not in passed_through and isinstance(x, jax.Array) and not x.is_deleted():
+                x.delete()
+    plan = dataclasses.replace(plan, n_devices=len(index), devices_reason=reason)
+    return assembled, plan
 
 
 def _validate(jax_fn: Callable, raw_mcmc_samples: Any, backend: str | None):

@@ -323,6 +323,14 @@ def _nested(params) -> list:
     return found
 
 
+def uses_primitives(jaxpr, names: frozenset[str]) -> bool:
+    """Whether `jaxpr`, nested jaxprs included, applies any primitive named in `names`."""
+    return any(
+        eqn.primitive.name in names or any(uses_primitives(j, names) for j in _nested(eqn.params))
+        for eqn in jaxpr.eqns
+    )
+
+
 def _gathers_anything(jaxpr) -> bool:
     return any(
         _is_gather(eqn.primitive.name) or any(_gathers_anything(j) for j in _nested(eqn.params))

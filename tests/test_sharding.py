@@ -153,3 +153,107 @@ def test_vmap_threshold_counts_every_cpu_device(built, monkeypatch):
         outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
         assert plan.strategy == strategy, plan.reason
         assert_same(outputs, expected)
+
+
+# jaxlib 0.10's deadlock (`_planner.serial_shards`): loops over LAPACK kernels on every CPU
+# device of a process at once. The GP fixture calls a Cholesky per draw.
+
+
+@pytest.fixture(scope="module")
+def gp():
+    from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws
+
+    model = FIXTURES["gp"].build()
+    return model, jax_fn(model), raw_draws(model, 4, 12, seed=1)
+
+
+def _deadlock_prone(monkeypatch):
+    """As on jaxlib 0.10 with 4 CPU devices in the process."""
+    monkeypatch.setattr(_planner, "LAPACK_DEADLOCK_FIXED_IN", (10**6,))
+    monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 4)
+
+
+def _assert_close_gp(outputs, expected):
+    # Batched and per-draw Cholesky calls differ by rounding, amplified by the GP's
+    # ill-conditioned covariance (tests/test_zoo.py, ILL_CONDITIONED).
+    for got, want in zip(outputs, expected):
+        got, want = np.asarray(got), np.asarray(want)
+        scale = float(np.max(np.abs(want))) if want.size else 0.0
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7 * scale)
+
+
+def test_serial_shards_only_where_the_deadlock_can_happen(gp, monkeypatch):
+    _, jax_fn, raw = gp
+    sharded = _sharded(raw, SPECS["chains"])
+    problem = _postprocess._validate(jax_fn, sharded, None)[0]
+    structured_model, structured_fn = models.structured(), None
+    structured_fn = models.jax_fn(structured_model)
+    plain = _postprocess._validate(
+        structured_fn, _sharded(models.raw_draws(structured_model, 4, 10), SPECS["chains"]), None
+    )[0]
+    one_device = _postprocess._validate(jax_fn, [jnp.asarray(x) for x in raw], None)[0]
+    if _planner._jaxlib_version() >= _planner.LAPACK_DEADLOCK_FIXED_IN:
+        assert _planner.serial_shards(problem) is None  # a fixed jaxlib
+    _deadlock_prone(monkeypatch)
+    reason = _planner.serial_shards(problem)
+    assert reason is not None and "one shard after another" in reason
+    assert _planner.serial_shards(plain) is None  # no LAPACK kernel
+    assert _planner.serial_shards(one_device) is None
+    monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 8)  # 4 shards of 8 ran
+    assert _planner.serial_shards(problem) is None
+
+
+@pytest.mark.parametrize(
+    "strategy, options",
+    [
+        ("auto", {}),
+        ("auto", {"donate": True}),
+        ("chunked", {"chunk_size": 3}),
+        ("vmap", {}),  # pymc's own loop-free vmap hung too, once in seven runs
+        ("scan", {}),
+    ],
+)
+def test_deadlock_prone_runs_equal_pymc_and_keep_the_split(gp, monkeypatch, strategy, options):
+    _, jax_fn, raw = gp
+    _deadlock_prone(monkeypatch)
+    options = dict(options)
+    donate = options.pop("donate", False)
+    for axis in sorted(SPECS):
+        sharded = _sharded(raw, SPECS[axis])
+        expected = reference(jax_fn, sharded)
+        kept = [np.asarray(x).copy() for x in sharded]
+        outputs, plan = _postprocess.run(jax_fn, sharded, None, strategy, donate, **options)
+        _assert_close_gp(outputs, expected)
+        assert plan.n_devices == 4 and "one shard after another" in plan.devices_reason
+        for out in outputs:
+            assert out.sharding.is_equivalent_to(sharded[0].sharding, out.ndim)
+        if donate:
+            local = [jnp.asarray(x) for x in kept]
+            forwarded = _postprocess._validate(jax_fn, local, None)[0].forwarded
+            passed = {k for k in forwarded if k is not None}
+            assert all(x.is_deleted() == (i not in passed) for i, x in enumerate(sharded))
+        else:
+            for x, before in zip(sharded, kept):
+                np.testing.assert_array_equal(np.asarray(x), before)
+
+
+def test_gp_on_every_device_of_a_4_device_jax_returns():
+    """The README's advice (one CPU device per chain) with a GP: on jaxlib 0.10 this hung
+    forever before `serial_shards`; on later jaxlib it runs the shards together."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
+    script = Path(__file__).with_name("lapack_deadlock_check.py")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("post-processing a GP on 4 of 4 CPU devices did not return in 240 s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("OK 4"), done.stdout
