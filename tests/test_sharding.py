@@ -182,12 +182,11 @@ def _assert_close_gp(outputs, expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7 * scale)
 
 
-def test_serial_shards_only_where_the_deadlock_can_happen(gp, monkeypatch):
+def test_serial_shards_only_where_the_deadlock_can_happen(gp, built, monkeypatch):
     _, jax_fn, raw = gp
     sharded = _sharded(raw, SPECS["chains"])
     problem = _postprocess._validate(jax_fn, sharded, None)[0]
-    structured_model, structured_fn = models.structured(), None
-    structured_fn = models.jax_fn(structured_model)
+    structured_model, structured_fn = built("structured")
     plain = _postprocess._validate(
         structured_fn, _sharded(models.raw_draws(structured_model, 4, 10), SPECS["chains"]), None
     )[0]
@@ -222,14 +221,13 @@ def test_deadlock_prone_runs_equal_pymc_and_keep_the_split(gp, monkeypatch, stra
         sharded = _sharded(raw, SPECS[axis])
         expected = reference(jax_fn, sharded)
         kept = [np.asarray(x).copy() for x in sharded]
+        forwarded = _postprocess._validate(jax_fn, sharded, None)[0].forwarded
         outputs, plan = _postprocess.run(jax_fn, sharded, None, strategy, donate, **options)
         _assert_close_gp(outputs, expected)
         assert plan.n_devices == 4 and "one shard after another" in plan.devices_reason
         for out in outputs:
             assert out.sharding.is_equivalent_to(sharded[0].sharding, out.ndim)
         if donate:
-            local = [jnp.asarray(x) for x in kept]
-            forwarded = _postprocess._validate(jax_fn, local, None)[0].forwarded
             passed = {k for k in forwarded if k is not None}
             assert all(x.is_deleted() == (i not in passed) for i, x in enumerate(sharded))
         else:
