@@ -138,7 +138,13 @@ def plan(
         MemoryError: if the budget cannot hold the outputs.
     """
     check_options("auto", None, None, memory_budget)
-    problem, _ = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+    problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+    serial = _planner.serial_shards(problem)
+    if serial is not None:  # as `run` would: each device's shard planned on its own
+        shards = _shards(samples, problem)
+        budget = None if memory_budget is None else memory_budget // len(shards)
+        plans = [plan(jax_fn, local, None, memory_budget=budget) for local in shards.values()]
+        return _shard_by_shard_plan(plans, serial)
     problem = _planner.spread(problem)
     budget = _planner.resolve_budget(problem, memory_budget)
     return _planner.first_attempt(jax_fn, problem, "auto", budget).plan
@@ -255,17 +261,18 @@ def _run_shard_by_shard(
     numpy outputs, in host memory, are filled block by block). An explicit `memory_budget`
     is shared out equally. Nothing is donated until every shard has succeeded.
     """
-    shape = problem.in_specs[0].shape
     sharding = problem.placement.sharding
-    index = sharding.addressable_devices_indices_map(shape)
-    budget = None if memory_budget is None else memory_budget / len(index)
+    index = sharding.addressable_devices_indices_map(problem.in_specs[0].shape)
+    shards = _shards(samples, problem)
+    budget = None if memory_budget is None else memory_budget / len(shards)
     results: list[list[Any]] = []
-    plan: Plan | None = None
-    for device in index:
-        local = [next(s.data for s in x.addressable_shards if s.device == device) for x in samples]
-        outputs, plan = run(jax_fn, local, None, strategy, False, memory_budget=budget, **options)
+    plans: list[Plan] = []
+    for local in shards.values():
+        outputs, shard_plan = run(
+            jax_fn, local, None, strategy, False, memory_budget=budget, **options
+        )
         results.append(outputs)
-    assert plan is not None
+        plans.append(shard_plan)
     assembled: list[Any] = []
     for j, (spec, k) in enumerate(zip(problem.out_specs, problem.forwarded)):
         parts = [r[j] for r in results]
@@ -283,8 +290,31 @@ def _run_shard_by_shard(
         for i, x in enumerate(samples):
             if i not in passed_through and isinstance(x, jax.Array) and not x.is_deleted():
                 x.delete()
-    plan = dataclasses.replace(plan, n_devices=len(index), devices_reason=reason)
-    return assembled, plan
+    return assembled, _shard_by_shard_plan(plans, reason)
+
+
+def _shards(samples: list, problem: Problem) -> dict[Any, list]:
+    """Each addressable device's shard of every input, in the sharding's device order."""
+    sharding = problem.placement.sharding
+    index = sharding.addressable_devices_indices_map(problem.in_specs[0].shape)
+    return {
+        device: [next(s.data for s in x.addressable_shards if s.device == device) for x in samples]
+        for device in index
+    }
+
+
+def _shard_by_shard_plan(plans: list[Plan], reason: str) -> Plan:
+    """One plan for the one-device plans of a shard-by-shard run: the outputs and the costs
+    of all shards, the peak of the largest, the choices of the last."""
+    return dataclasses.replace(
+        plans[-1],
+        output_bytes=sum(p.output_bytes for p in plans),
+        peak_bytes=max(p.peak_bytes for p in plans),
+        compile_seconds=sum(p.compile_seconds for p in plans),
+        planning_seconds=sum(p.planning_seconds for p in plans),
+        n_devices=len(plans),
+        devices_reason=reason,
+    )
 
 
 def _validate(jax_fn: Callable, raw_mcmc_samples: Any, backend: str | None):

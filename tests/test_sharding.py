@@ -221,18 +221,36 @@ def test_deadlock_prone_runs_equal_pymc_and_keep_the_split(gp, monkeypatch, stra
         sharded = _sharded(raw, SPECS[axis])
         expected = reference(jax_fn, sharded)
         kept = [np.asarray(x).copy() for x in sharded]
-        forwarded = _postprocess._validate(jax_fn, sharded, None)[0].forwarded
+        problem = _postprocess._validate(jax_fn, sharded, None)[0]
         outputs, plan = _postprocess.run(jax_fn, sharded, None, strategy, donate, **options)
         _assert_close_gp(outputs, expected)
         assert plan.n_devices == 4 and "one shard after another" in plan.devices_reason
+        assert plan.output_bytes == problem.output_bytes  # all shards', not the last one's
         for out in outputs:
             assert out.sharding.is_equivalent_to(sharded[0].sharding, out.ndim)
         if donate:
-            passed = {k for k in forwarded if k is not None}
+            passed = {k for k in problem.forwarded if k is not None}
             assert all(x.is_deleted() == (i not in passed) for i, x in enumerate(sharded))
         else:
             for x, before in zip(sharded, kept):
                 np.testing.assert_array_equal(np.asarray(x), before)
+
+
+def test_plan_of_a_deadlock_prone_call_is_the_shard_by_shard_run(gp, monkeypatch):
+    _, jax_fn, raw = gp
+    _deadlock_prone(monkeypatch)
+    sharded = _sharded(raw, SPECS["chains"])
+    planned = pc.plan(jax_fn, sharded)
+    _, ran = _postprocess.run(jax_fn, sharded, None, "auto")
+    assert planned.n_devices == ran.n_devices == 4
+    assert planned.devices_reason == ran.devices_reason
+    assert "one shard after another" in planned.devices_reason
+    assert (planned.strategy, planned.chunk_size) == (ran.strategy, ran.chunk_size)
+    assert planned.output_bytes == ran.output_bytes
+    assert planned.peak_bytes == ran.peak_bytes
+    # Each shard planned alone: a quarter of the draws on one device.
+    one = pc.plan(jax_fn, [np.asarray(x)[:1] for x in raw])
+    assert planned.output_bytes == 4 * one.output_bytes
 
 
 def test_gp_on_every_device_of_a_4_device_jax_returns():
