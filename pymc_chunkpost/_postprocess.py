@@ -305,9 +305,10 @@ def _shards(samples: list, problem: Problem) -> dict[Any, list]:
 
 def _shard_by_shard_plan(plans: list[Plan], reason: str) -> Plan:
     """One plan for the one-device plans of a shard-by-shard run: the outputs and the costs
-    of all shards, the peak of the largest, the choices of the last."""
+    of all shards, the peak of the largest, and the choices of the first, which planned (the
+    others start from the plan it left in the tuning cache)."""
     return dataclasses.replace(
-        plans[-1],
+        plans[0],
         output_bytes=sum(p.output_bytes for p in plans),
         peak_bytes=max(p.peak_bytes for p in plans),
         compile_seconds=sum(p.compile_seconds for p in plans),

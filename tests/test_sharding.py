@@ -253,6 +253,23 @@ def test_plan_of_a_deadlock_prone_call_is_the_shard_by_shard_run(gp, monkeypatch
     assert planned.output_bytes == 4 * one.output_bytes
 
 
+def test_shard_by_shard_plan_says_what_the_first_shard_chose(gp, monkeypatch, tmp_path):
+    """The later shards start from the tuning entry that the first one stored; the plan of a
+    cold run still says what was chosen, and how, not "from the tuning cache"."""
+    from pymc_chunkpost import _executable_store
+
+    _, jax_fn, raw = gp
+    _deadlock_prone(monkeypatch)
+    monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", str(tmp_path))
+    try:
+        _, ran = _postprocess.run(jax_fn, _sharded(raw, SPECS["draws"]), None, "auto")
+    finally:
+        _executable_store.wait()
+    assert list(tmp_path.glob("*.json")), "the first shard stored its plan"
+    assert ran.n_devices == 4
+    assert ran.source == "rule" and "tuning cache" not in ran.reason
+
+
 def test_gp_on_every_device_of_a_4_device_jax_returns():
     """The README's advice (one CPU device per chain) with a GP: on jaxlib 0.10 this hung
     forever before `serial_shards`; on later jaxlib it runs the shards together."""
