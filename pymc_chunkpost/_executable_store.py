@@ -23,7 +23,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import io
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,10 +33,22 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from ._disk import cache_dir, read_bytes, write_bytes
 
-__all__ = ["Slot", "slot_for", "load", "save_later", "wait", "MAX_BYTES", "MAX_CONSTANT_BYTES"]
+__all__ = [
+    "Slot",
+    "slot_for",
+    "load",
+    "save_later",
+    "wait",
+    "Portable",
+    "portable",
+    "relocate",
+    "MAX_BYTES",
+    "MAX_CONSTANT_BYTES",
+]
 
 #: Bumped when the file layout changes; older files are then never read.
 MAGIC = b"pymc_chunkpost-executable-2\n"
@@ -125,9 +139,35 @@ def _program_digest(slot: Slot, lowered: Any) -> bytes:
     return hashlib.sha256(f"{slot.context}\n{lowered.as_text()}".encode()).digest()
 
 
-def load(slot: Slot, lowered: Any) -> Any:
-    """The stored `jax.stages.Compiled` of `lowered`, loaded on the slot's devices; None on a
-    miss."""
+@dataclasses.dataclass(frozen=True)
+class Portable:
+    """A one-device executable's serialized machine code, which `relocate` loads on any
+    device of the client and kind it was compiled for.
+
+    Invariant: it is serialized from an executable XLA compiled, never from one loaded from
+    bytes (jaxlib 0.10's CPU client serializes a loaded one without its functions: it loads,
+    then fails at its first call).
+    """
+
+    payload: bytes
+    in_tree: Any
+    out_tree: Any
+
+
+def portable(compiled: Any) -> Portable | None:
+    """`compiled` (just compiled by XLA) as a `Portable`; None where it cannot be
+    serialized."""
+    from jax.experimental import serialize_executable
+
+    try:
+        return Portable(*serialize_executable.serialize(compiled))
+    except Exception:  # noqa: BLE001 - a backend that cannot serialize cannot relocate
+        return None
+
+
+def load(slot: Slot, lowered: Any) -> tuple[Any, Portable] | None:
+    """The stored `jax.stages.Compiled` of `lowered`, loaded on the slot's devices, and the
+    bytes it was loaded from; None on a miss."""
     global _LOADER_FAILED
     from jax.experimental import serialize_executable
 
@@ -157,7 +197,63 @@ def load(slot: Slot, lowered: Any) -> Any:
         return None
     with contextlib.suppress(OSError):
         os.utime(slot.path)  # used now: the last to be evicted
-    return compiled
+    return compiled, Portable(payload, lowered.in_tree, lowered.out_tree)
+
+
+def relocate(code: Portable, device: Any) -> Any:
+    """The `jax.stages.Compiled` of `code` loaded on `device`, with that device assigned
+    instead of the one it was compiled for: milliseconds, where XLA's compile takes
+    0.1-0.3 s (docs/strategies.md). None where this jaxlib cannot.
+
+    Only for a device of the client and kind that `code` was compiled for: the machine code
+    is the same, only the device it is assigned to changes (as JAX's own persistent cache
+    loads a GPU executable on another GPU of its kind).
+    """
+    from jax._src import compiler
+
+    try:
+        options = compiler.get_compile_options(
+            num_replicas=1,
+            num_partitions=1,
+            device_assignment=np.array([[device]]),
+            backend=device.client,
+        )
+        unloaded, args_info, no_kwargs = _Relocating(
+            io.BytesIO(code.payload), device, options
+        ).load()
+        moved = jax.stages.Compiled(
+            unloaded.load(),
+            [],
+            code.in_tree.unflatten(args_info),
+            code.out_tree,
+            no_kwargs=no_kwargs,
+        )
+        runtime: Any = moved.runtime_executable()
+        if list(runtime.local_devices()) != [device]:  # XLA's own device assignment
+            return None
+    except Exception:  # noqa: BLE001 - whatever this jaxlib cannot do, the caller compiles
+        return None
+    return moved
+
+
+class _Relocating(pickle.Unpickler):
+    """Reads what `serialize_executable.serialize` wrote for one device, onto `device`."""
+
+    def __init__(self, file: io.BytesIO, device: Any, options: Any):
+        super().__init__(file)
+        self.device, self.options = device, options
+
+    def persistent_load(self, pid: Any) -> Any:
+        from jax._src.lib import xla_client
+
+        if pid[0] == "exec":
+            devices = xla_client.DeviceList((self.device,))
+            return self.device.client.deserialize_executable(pid[1], devices, self.options)
+        if pid[0] == "device":  # the one device it was compiled for
+            return self.device
+        if pid[0] == "client":
+            return self.device.client
+        raise pickle.UnpicklingError(f"unknown persistent id {pid[0]!r}")
 
 
 def _submit(task: Callable[..., Any], *args: Any) -> None:

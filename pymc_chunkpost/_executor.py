@@ -127,6 +127,8 @@ class Executable:
 
 
 _EXECUTABLES = FunctionCache(per_function=16)
+#: The same executables, keyed by device kind instead of device (`_relocated`).
+_BY_DEVICE_KIND = FunctionCache(per_function=16)
 
 
 def compile_executable(
@@ -249,17 +251,29 @@ def compile_executable(
         else:
             jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)
         make_outputs = None
+    # Compiled for another device of this kind: moved here, neither lowered nor compiled
+    # again, and not stored.
+    kind_key = _device_kind_key(key)
+    n_programs = 1 if make_outputs is None else 2
+    moved = None
     tic = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jitted.lower(*args)
+    if kind_key is not None:
+        moved = _relocated(_BY_DEVICE_KIND.get(jax_fn, kind_key), problem.device, n_programs)
+    relocate_seconds = time.perf_counter() - tic
+    tic = time.perf_counter()
+    lowered: Any = None
+    if moved is None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            lowered = jitted.lower(*args)
     toc = time.perf_counter()
     mesh = problem.placement.mesh
     devices = [problem.device] if mesh is None else list(mesh.devices.flat)
-    lowereds = [lowered] if make_outputs is None else [lowered, make_outputs]
-    slots: list[Any] = [None] * len(lowereds)
-    if stored:  # named from the plan; the program is digested only on a hit, or after the run
-        # Everything the in-memory key holds, the problem by what decides its program.
+    lowereds = [lowered, make_outputs][:n_programs]
+    slots: list[Any] = [None] * n_programs
+    if stored and moved is None:
+        # Named from the plan (the program is digested only on a hit, or after the run):
+        # everything the in-memory key holds, the problem by what decides its program.
         plan_text = [
             problem.fingerprint,
             ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
@@ -270,8 +284,10 @@ def compile_executable(
             _executable_store.slot_for([*plan_text, role], devices, problem.shared_bytes)
             for role in ("step", "zeros")[: len(lowereds)]
         ]
-    found = [None if k is None else _executable_store.load(k, x) for k, x in zip(slots, lowereds)]
-    compiled, init = found[0], (found[1] if make_outputs is not None else host_init)
+    loads = [None if k is None else _executable_store.load(k, x) for k, x in zip(slots, lowereds)]
+    found = [None if x is None else x[0] for x in loads]
+    ready = moved or found
+    compiled, init = ready[0], (ready[1] if make_outputs is not None else host_init)
     if compiled is None and any(k is not None for k in slots):
         _executable_store.start_worker()  # behind the compile, which releases the GIL
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -289,7 +305,7 @@ def compile_executable(
         for k, x, c, f in zip(slots, lowereds, (compiled, init), found)
         if k is not None and f is None
     ]
-    compile_seconds = time.perf_counter() - toc
+    compile_seconds = time.perf_counter() - toc + relocate_seconds
     _after_compile(problem, output_memory)
     memory = compiled.memory_analysis()
     result = Executable(
@@ -311,7 +327,43 @@ def compile_executable(
         to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
+    if kind_key is not None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None:
+        # What XLA compiled, or the bytes that were loaded: never a loaded executable.
+        programs = [c if x is None else x[1] for c, x in zip((compiled, init), loads)]
+        _BY_DEVICE_KIND.put(jax_fn, kind_key, programs[:n_programs])
     return result
+
+
+def _device_kind_key(key: tuple) -> tuple | None:
+    """`compile_executable`'s cache key with a one-device problem's device replaced by its
+    platform and kind; None for a problem over several devices."""
+    problem = key[0]
+    placement = problem.placement
+    if placement.mesh is not None:
+        return None
+    device = placement.device
+    neutral = dataclasses.replace(problem, placement=dataclasses.replace(placement, device=None))
+    return (neutral, device.platform, device.device_kind, *key[1:])
+
+
+def _relocated(programs: list | None, device: jax.Device, n_programs: int) -> list | None:
+    """`programs` (a step, and its compiled fill if any: each compiled by XLA, or a
+    `Portable`), compiled for another device of `device`'s kind, moved onto it
+    (`_executable_store.relocate`); None if there are none or one cannot be moved.
+
+    Invariant: the program depends on the device only through its assignment, since the key
+    of `_BY_DEVICE_KIND` holds everything else that the lowering reads (the function, the
+    problem, the plan). The shards of a shard-by-shard run (`_planner.serial_shards`) thus
+    compile once in all.
+    """
+    if programs is None or len(programs) != n_programs:
+        return None
+    moved = []
+    for i, program in enumerate(programs):
+        if not isinstance(program, _executable_store.Portable):
+            program = programs[i] = _executable_store.portable(program)  # serialized once
+        moved.append(None if program is None else _executable_store.relocate(program, device))
+    return None if any(m is None for m in moved) else moved
 
 
 def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable[[], list]:

@@ -196,6 +196,20 @@ class Problem:
 
 
 _ANALYSES = FunctionCache(per_function=8)
+#: What a trace of one draw gives, keyed on one draw's shapes: the same for any number of
+#: chains and draws, and on any device (the shards of one call, a `plan` and its run).
+_TRACES = FunctionCache(per_function=8)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trace:
+    jaxpr: Any
+    forwarded: tuple[int | None, ...]
+    out_avals: tuple[Any, ...]
+    intermediate_bytes: int
+    shared_bytes: int
+    fingerprint: str
+    gathers_draws: bool
 
 
 def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placement) -> Problem:
@@ -211,28 +225,39 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
     if cached is not None:
         return cached
     lead = in_specs[0].shape[:2]
-    per_draw = [jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs]
-    closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
-    position = {id(v): i for i, v in enumerate(closed.jaxpr.invars)}
-    forwarded = tuple(position.get(id(v)) for v in closed.jaxpr.outvars)
-    out_specs = tuple(
-        jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in closed.out_avals
-    )
-    shared = sum(int(getattr(c, "nbytes", 0)) for c in closed.consts)
-    consts = ";".join(f"{np.shape(c)}{getattr(c, 'dtype', '')}" for c in closed.consts)
+    per_draw = tuple(jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs)
+    trace = _TRACES.get(jax_fn, per_draw)
+    if trace is None:
+        trace = _trace(jax_fn, per_draw)
+        _TRACES.put(jax_fn, per_draw, trace)
     problem = Problem(
         in_specs,
         placement,
-        out_specs,
-        forwarded,
-        _intermediate_bytes(closed.jaxpr),
-        shared,
-        fingerprint=f"{closed.jaxpr}|{consts}",
-        jaxpr=closed,
-        gathers_draws=_gathers_draws(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
+        tuple(jax.ShapeDtypeStruct(lead + tuple(a.shape), a.dtype) for a in trace.out_avals),
+        trace.forwarded,
+        trace.intermediate_bytes,
+        trace.shared_bytes,
+        fingerprint=trace.fingerprint,
+        jaxpr=trace.jaxpr,
+        gathers_draws=trace.gathers_draws,
     )
     _ANALYSES.put(jax_fn, key, problem)
     return problem
+
+
+def _trace(jax_fn: Callable, per_draw: Sequence[jax.ShapeDtypeStruct]) -> _Trace:
+    closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
+    position = {id(v): i for i, v in enumerate(closed.jaxpr.invars)}
+    consts = ";".join(f"{np.shape(c)}{getattr(c, 'dtype', '')}" for c in closed.consts)
+    return _Trace(
+        jaxpr=closed,
+        forwarded=tuple(position.get(id(v)) for v in closed.jaxpr.outvars),
+        out_avals=tuple(closed.out_avals),
+        intermediate_bytes=_intermediate_bytes(closed.jaxpr),
+        shared_bytes=sum(int(getattr(c, "nbytes", 0)) for c in closed.consts),
+        fingerprint=f"{closed.jaxpr}|{consts}",
+        gathers_draws=_gathers_draws(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
+    )
 
 
 # Primitives whose results XLA's fusion passes generally cannot keep out of memory. A first

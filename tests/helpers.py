@@ -53,3 +53,17 @@ def assert_intact(raw, copies):
 def out_of_memory(what="Out of memory while trying to allocate 1.00GiB."):
     """The error XLA raises when a device runs out of memory."""
     return jax.errors.JaxRuntimeError(f"RESOURCE_EXHAUSTED: {what}")
+
+
+def count_compiles(monkeypatch) -> list[int]:
+    """From now on, count XLA's compiles (`jax.stages.Lowered.compile`) in the returned
+    one-element list, which the caller may reset."""
+    count = [0]
+    compile_ = jax.stages.Lowered.compile
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return compile_(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", counted)
+    return count

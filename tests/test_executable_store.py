@@ -14,7 +14,7 @@ import models
 import numpy as np
 import pymc as pm
 import pytest
-from helpers import assert_same, reference
+from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pymc_chunkpost import Loop, _executable_store, _planner, _postprocess, clear_caches
@@ -223,3 +223,73 @@ def test_programs_with_much_constant_data_are_not_stored(cache, monkeypatch):
     outputs, plan = _run(jax_fn, raw)
     assert not _stored(cache) and "loaded from disk" not in plan.reason
     assert_same(outputs, reference(jax_fn, raw))
+
+
+# A one-device executable moves to another device of its kind instead of compiling again
+# (`_executable_store.relocate`): what makes a shard-by-shard run compile once in all.
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The XLA compiles made while the test runs, counted."""
+    return count_compiles(monkeypatch)
+
+
+def _on(device, raw):
+    return [jax.device_put(jnp.asarray(x), device) for x in raw]
+
+
+@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
+def test_a_plan_compiled_for_one_device_moves_to_another(compiles, monkeypatch, loop):
+    if loop is not Loop.NONE:
+        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    model = models.structured()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 40)
+    expected = reference(jax_fn, raw)
+    first, second = jax.devices()[:2]
+    clear_caches()
+    _postprocess.run(jax_fn, _on(first, raw), None, "auto")
+    assert compiles[0] > 0
+    compiles[0] = 0
+    outputs, plan = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
+    assert compiles[0] == 0 and plan.loop is loop
+    assert_same(outputs, expected)
+    assert all(out.devices() == {second} for out in outputs)
+
+
+def test_an_executable_loaded_from_disk_moves_from_its_bytes(cache, compiles):
+    """Moved from the stored bytes, never from the loaded executable: jaxlib 0.10's CPU
+    client serializes a loaded executable without its functions (its first call fails)."""
+    model = models.structured()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 40)
+    first, second = jax.devices()[:2]
+    _run(jax_fn, raw)  # compiled and stored (the draws donated, as here)
+    clear_caches()
+    _, loaded = _postprocess.run(jax_fn, _on(first, raw), None, "auto", True)
+    assert "loaded from disk" in loaded.reason
+    compiles[0] = 0
+    outputs, _ = _postprocess.run(jax_fn, _on(second, raw), None, "auto", True)
+    assert compiles[0] == 0
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch):
+    model = models.structured()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 40)
+    first, second = jax.devices()[:2]
+    clear_caches()
+    _postprocess.run(jax_fn, _on(first, raw), None, "auto")
+    compiles[0] = 0
+    monkeypatch.setattr(_executable_store, "relocate", lambda code, device: None)
+    outputs, _ = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
+    assert compiles[0] > 0
+    assert_same(outputs, reference(jax_fn, raw))
+    assert all(out.devices() == {second} for out in outputs)
+
+
+def test_relocate_refuses_what_it_cannot_load():
+    code = _executable_store.Portable(b"not an executable", None, None)
+    assert _executable_store.relocate(code, jax.devices()[0]) is None

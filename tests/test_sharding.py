@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import models
 import numpy as np
 import pytest
-from helpers import assert_same, reference
+from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pymc_chunkpost as pc
@@ -290,3 +290,20 @@ def test_gp_on_every_device_of_a_4_device_jax_returns():
         pytest.fail("post-processing a GP on 4 of 4 CPU devices did not return in 240 s")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("OK 4"), done.stdout
+
+
+def test_a_shard_by_shard_run_compiles_as_one_shard_does(gp, monkeypatch):
+    """The later shards load the first shard's executables on their devices
+    (`_executable_store.relocate`): one compile of each, not one per device."""
+    _, jax_fn, raw = gp
+    _deadlock_prone(monkeypatch)
+    count = count_compiles(monkeypatch)
+    pc.clear_caches()
+    _postprocess.run(jax_fn, [np.asarray(x)[:1] for x in raw], None, "auto")
+    one_shard = count[0]
+    pc.clear_caches()
+    count[0] = 0
+    outputs, plan = _postprocess.run(jax_fn, _sharded(raw, SPECS["chains"]), None, "auto")
+    assert "one shard after another" in plan.devices_reason
+    assert count[0] == one_shard > 0
+    _assert_close_gp(outputs, reference(jax_fn, raw))
