@@ -142,7 +142,7 @@ def plan(
     serial = _planner.serial_shards(problem)
     if serial is not None:  # as `run` would: each device's shard planned on its own
         shards = _shards(samples, problem)
-        budget = None if memory_budget is None else memory_budget // len(shards)
+        budget = _shard_budget(memory_budget, len(shards))
         plans = [plan(jax_fn, local, None, memory_budget=budget) for local in shards.values()]
         return _shard_by_shard_plan(plans, serial)
     problem = _planner.spread(problem)
@@ -264,7 +264,7 @@ def _run_shard_by_shard(
     sharding = problem.placement.sharding
     index = sharding.addressable_devices_indices_map(problem.in_specs[0].shape)
     shards = _shards(samples, problem)
-    budget = None if memory_budget is None else memory_budget / len(shards)
+    budget = _shard_budget(memory_budget, len(shards))
     results: list[list[Any]] = []
     plans: list[Plan] = []
     for local in shards.values():
@@ -301,6 +301,11 @@ def _shards(samples: list, problem: Problem) -> dict[Any, list]:
         device: [next(s.data for s in x.addressable_shards if s.device == device) for x in samples]
         for device in index
     }
+
+
+def _shard_budget(memory_budget: float | None, n_shards: int) -> int | None:
+    """Each shard's part of an explicit budget, for shards run one after another."""
+    return None if memory_budget is None else int(memory_budget // n_shards)
 
 
 def _shard_by_shard_plan(plans: list[Plan], reason: str) -> Plan:
