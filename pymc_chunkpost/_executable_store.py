@@ -209,6 +209,9 @@ def relocate(code: Portable, device: Any) -> Any:
     is the same, only the device it is assigned to changes (as JAX's own persistent cache
     loads a GPU executable on another GPU of its kind).
     """
+    # No public API loads an executable with another device assigned: these are the calls
+    # JAX's own persistent cache makes for it (`compilation_cache.get_executable_and_time`),
+    # and `serialize_executable.deserialize_and_load`'s, with the device mapped.
     from jax._src import compiler
 
     try:

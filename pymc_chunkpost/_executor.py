@@ -31,7 +31,7 @@ from ._problem import Problem
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE, flat_vmap
 
-__all__ = ["Loop", "Executable", "compile_executable", "execute", "persist", "release"]
+__all__ = ["Loop", "Origin", "Executable", "compile_executable", "execute", "persist", "release"]
 
 
 class Loop(enum.StrEnum):
@@ -44,6 +44,17 @@ class Loop(enum.StrEnum):
     #: The host calls one compiled chunk step per chunk (straight-line code: it compiles like
     #: the loop-free vmap, where XLA's loops over many buffers compile for minutes).
     HOST = "host"
+
+
+class Origin(enum.StrEnum):
+    """Where an executable came from. The one list of origins."""
+
+    #: XLA compiled it in this call.
+    COMPILED = "compiled"
+    #: Loaded from the on-disk store (`_executable_store.load`).
+    LOADED = "loaded"
+    #: Compiled for another device of its kind, and moved here (`_relocated`).
+    MOVED = "moved"
 
 
 #: With progress, an XLA loop runs in host-dispatched segments: the first runs this fraction
@@ -76,7 +87,7 @@ class Executable:
         progress: whether it reports progress.
         segments: an XLA loop run in host-dispatched segments (progress).
         trace_seconds: time to trace and lower.
-        compile_seconds: time for XLA to compile.
+        compile_seconds: time for XLA to compile, or to load or move what was compiled before.
         temp_bytes: XLA's temporaries per device (`memory_analysis()`).
         output_bytes: XLA's output buffers per device.
         alias_bytes: output bytes written into donated inputs.
@@ -87,7 +98,7 @@ class Executable:
         output_memory: "device", or "host": `compiled` is then a chunk step
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
-        loaded: `compiled` came from the on-disk store (`_executable_store`), not XLA.
+        origin: where `compiled` came from.
         to_store: what `persist` hands to the on-disk store, (slot, lowered, compiled)
             each; emptied once handed over, or by `release` for a candidate the planner
             rejects, so that no lowered module (a copy of the program's constants) stays
@@ -109,7 +120,7 @@ class Executable:
     problem: Problem
     init: Any = None
     output_memory: str = "device"
-    loaded: bool = False
+    origin: Origin = Origin.COMPILED
     to_store: list[tuple[Any, Any, Any]] = dataclasses.field(default_factory=list, compare=False)
 
     @property
@@ -323,12 +334,17 @@ def compile_executable(
         alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
         problem=problem,
         init=init,
-        loaded=found[0] is not None,
+        origin=Origin.MOVED
+        if moved
+        else Origin.LOADED
+        if found[0] is not None
+        else Origin.COMPILED,
         to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
-    if kind_key is not None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None:
-        # What XLA compiled, or the bytes that were loaded: never a loaded executable.
+    if kind_key is not None and moved is None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None:
+        # What XLA compiled, or the bytes that were loaded: never an executable that was
+        # loaded or moved itself (`_executable_store.Portable`).
         programs = [c if x is None else x[1] for c, x in zip((compiled, init), loads)]
         _BY_DEVICE_KIND.put(jax_fn, kind_key, programs[:n_programs])
     return result
@@ -336,12 +352,19 @@ def compile_executable(
 
 def _device_kind_key(key: tuple) -> tuple | None:
     """`compile_executable`'s cache key with a one-device problem's device replaced by its
-    platform and kind; None for a problem over several devices."""
+    platform and kind; None where nothing is kept to move: draws over several devices, no
+    other local device of this kind, or constants over `MAX_CONSTANT_BYTES` (what the
+    on-disk store refuses to keep a copy of, the same holds here)."""
     problem = key[0]
     placement = problem.placement
-    if placement.mesh is not None:
-        return None
     device = placement.device
+    if placement.mesh is not None or problem.shared_bytes > _executable_store.MAX_CONSTANT_BYTES:
+        return None
+    if not any(
+        d != device and d.device_kind == device.device_kind
+        for d in jax.local_devices(backend=device.platform)
+    ):
+        return None
     neutral = dataclasses.replace(problem, placement=dataclasses.replace(placement, device=None))
     return (neutral, device.platform, device.device_kind, *key[1:])
 
@@ -349,12 +372,13 @@ def _device_kind_key(key: tuple) -> tuple | None:
 def _relocated(programs: list | None, device: jax.Device, n_programs: int) -> list | None:
     """`programs` (a step, and its compiled fill if any: each compiled by XLA, or a
     `Portable`), compiled for another device of `device`'s kind, moved onto it
-    (`_executable_store.relocate`); None if there are none or one cannot be moved.
+    (`_executable_store.relocate`); None if there are none or one cannot be moved. A
+    failure empties `programs`, so that nothing is tried again.
 
-    Invariant: the program depends on the device only through its assignment, since the key
-    of `_BY_DEVICE_KIND` holds everything else that the lowering reads (the function, the
-    problem, the plan). The shards of a shard-by-shard run (`_planner.serial_shards`) thus
-    compile once in all.
+    Invariant: the program depends on the device only through its assignment. The key of
+    `_BY_DEVICE_KIND` holds what `_EXECUTABLES`'s does (the function, the problem, the
+    plan) less the device, so it names one program as that key does. The shards of a
+    shard-by-shard run (`_planner.serial_shards`) thus compile once in all.
     """
     if programs is None or len(programs) != n_programs:
         return None
@@ -362,8 +386,12 @@ def _relocated(programs: list | None, device: jax.Device, n_programs: int) -> li
     for i, program in enumerate(programs):
         if not isinstance(program, _executable_store.Portable):
             program = programs[i] = _executable_store.portable(program)  # serialized once
-        moved.append(None if program is None else _executable_store.relocate(program, device))
-    return None if any(m is None for m in moved) else moved
+        copy = None if program is None else _executable_store.relocate(program, device)
+        if copy is None:
+            programs.clear()
+            return None
+        moved.append(copy)
+    return moved
 
 
 def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable[[], list]:

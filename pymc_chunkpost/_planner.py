@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 
 from . import _tuning
 from ._chunked import resolve_chunk_size
-from ._executor import Executable, Loop, compile_executable, persist, release
+from ._executor import Executable, Loop, Origin, compile_executable, persist, release
 from ._host_output import host_memory_kind
 from ._memory import free_bytes, host_free_bytes
 from ._problem import Placement, Problem, cpu_cores, is_out_of_memory, uses_primitives
@@ -255,8 +255,8 @@ def serial_shards(problem: Problem) -> str | None:
 
     Only for the jaxlib deadlock of `LAPACK_DEADLOCK_FIXED_IN`, whatever the strategy: draws
     split over CPU devices, a per-draw function that calls a LAPACK kernel, and fewer than
-    twice as many CPU devices in the process as shards (4 of 8 ran). The cost is one compile
-    per device instead of one in all.
+    twice as many CPU devices in the process as shards (4 of 8 ran). The cost: the shards'
+    runs add up instead of overlapping (they compile once in all: `_executor._relocated`).
     """
     if problem.n_local_shards < 2 or problem.device.platform != "cpu":
         return None
@@ -732,6 +732,13 @@ class _CompileOutOfMemory(Exception):
         self.strategy = strategy
 
 
+#: What a plan from the tuning cache says of where its executable came from.
+_ORIGIN_TEXT = {
+    Origin.LOADED: "; its executable loaded from disk",
+    Origin.MOVED: "; its executable moved from another device",
+}
+
+
 def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> Attempt | None:
     """The tuning cache's plan for `problem`, if it has one that fits today's budget."""
     entry = _tuning.load(key)
@@ -755,7 +762,7 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
     what = "No loop" if size is None else f"Chunks of {size} draws"
     reason = (
         f"{what}, from the tuning cache ({entry.get('why', 'measured before')}"
-        + ("; its executable loaded from disk" if exe.loaded else "")
+        + _ORIGIN_TEXT.get(exe.origin, "")
         + f"): {_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
     )
     plan = _make_plan(problem, budget, exe, strategy, reason, "cache", time.perf_counter() - tic)

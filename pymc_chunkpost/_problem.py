@@ -196,8 +196,8 @@ class Problem:
 
 
 _ANALYSES = FunctionCache(per_function=8)
-#: What a trace of one draw gives, keyed on one draw's shapes: the same for any number of
-#: chains and draws, and on any device (the shards of one call, a `plan` and its run).
+#: What a trace of one draw gives, keyed on one draw's shapes (and the x64 setting): the
+#: same for any number of chains and draws, and on any device (the shards of one call).
 _TRACES = FunctionCache(per_function=8)
 
 
@@ -220,16 +220,19 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
     if not isinstance(placement, Placement):
         placement = Placement(placement)
     in_specs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in in_specs)
-    key = (in_specs, placement)
+    # The function's own constants trace to other dtypes under the other x64 setting.
+    x64 = bool(jax.config.jax_enable_x64)
+    key = (in_specs, placement, x64)
     cached = _ANALYSES.get(jax_fn, key)
     if cached is not None:
         return cached
     lead = in_specs[0].shape[:2]
     per_draw = tuple(jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs)
-    trace = _TRACES.get(jax_fn, per_draw)
+    trace_key = (per_draw, x64)
+    trace = _TRACES.get(jax_fn, trace_key)
     if trace is None:
         trace = _trace(jax_fn, per_draw)
-        _TRACES.put(jax_fn, per_draw, trace)
+        _TRACES.put(jax_fn, trace_key, trace)
     problem = Problem(
         in_specs,
         placement,

@@ -56,7 +56,8 @@ def out_of_memory(what="Out of memory while trying to allocate 1.00GiB."):
 
 
 def count_compiles(monkeypatch) -> list[int]:
-    """From now on, count XLA's compiles (`jax.stages.Lowered.compile`) in the returned
+    """From now on, count the ahead-of-time compiles (`jax.stages.Lowered.compile`, which
+    the executor makes; not those of a jitted function's first call) in the returned
     one-element list, which the caller may reset."""
     count = [0]
     compile_ = jax.stages.Lowered.compile

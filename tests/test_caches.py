@@ -62,3 +62,23 @@ def test_a_function_that_cannot_be_weakly_referenced_is_still_cached():
     jax_fn.fn = lambda *xs: calls.append(1) or inner(*xs)
     pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=3)
     assert not calls  # the second call traced nothing: cached strongly, in a small LRU
+
+
+def test_the_analysis_follows_the_x64_setting():
+    """A function's own constants trace to float32 or float64 with the x64 setting: a cached
+    analysis made under one is never used under the other."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def jax_fn(x):
+        return [x * np.float64(0.5)]  # a float64 constant, float32 without x64
+
+    specs = [jax.ShapeDtypeStruct((2, 3, 4), jnp.int32)]
+    device = jax.devices()[0]
+    with jax.enable_x64(True):
+        wide = _problem.analyse(jax_fn, specs, device)
+    with jax.enable_x64(False):
+        narrow = _problem.analyse(jax_fn, specs, device)
+    assert wide.out_specs[0].dtype == np.float64
+    assert narrow.out_specs[0].dtype == np.float32

@@ -239,20 +239,36 @@ def _on(device, raw):
     return [jax.device_put(jnp.asarray(x), device) for x in raw]
 
 
-@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
-def test_a_plan_compiled_for_one_device_moves_to_another(compiles, monkeypatch, loop):
+@pytest.mark.parametrize(
+    "loop, progress, compiled_fill",
+    [
+        (Loop.NONE, False, False),
+        (Loop.XLA, False, False),
+        (Loop.XLA, True, False),  # segments the host dispatches
+        (Loop.HOST, False, True),  # two programs: the step and the compiled fill
+    ],
+)
+def test_a_plan_compiled_for_one_device_moves_to_another(
+    compiles, monkeypatch, loop, progress, compiled_fill
+):
+    from pymc_chunkpost import _executor
+
     if loop is not Loop.NONE:
         monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    if loop is Loop.HOST:
+        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
+    if compiled_fill:
+        monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
     expected = reference(jax_fn, raw)
     first, second = jax.devices()[:2]
     clear_caches()
-    _postprocess.run(jax_fn, _on(first, raw), None, "auto")
-    assert compiles[0] > 0
+    _postprocess.run(jax_fn, _on(first, raw), None, "auto", progressbar=progress)
+    assert compiles[0] == (2 if compiled_fill else 1)
     compiles[0] = 0
-    outputs, plan = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
+    outputs, plan = _postprocess.run(jax_fn, _on(second, raw), None, "auto", progressbar=progress)
     assert compiles[0] == 0 and plan.loop is loop
     assert_same(outputs, expected)
     assert all(out.devices() == {second} for out in outputs)
@@ -260,7 +276,8 @@ def test_a_plan_compiled_for_one_device_moves_to_another(compiles, monkeypatch, 
 
 def test_an_executable_loaded_from_disk_moves_from_its_bytes(cache, compiles):
     """Moved from the stored bytes, never from the loaded executable: jaxlib 0.10's CPU
-    client serializes a loaded executable without its functions (its first call fails)."""
+    client serializes a loaded executable without its functions (its first call fails; later
+    jaxlib pass either way)."""
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -270,8 +287,8 @@ def test_an_executable_loaded_from_disk_moves_from_its_bytes(cache, compiles):
     _, loaded = _postprocess.run(jax_fn, _on(first, raw), None, "auto", True)
     assert "loaded from disk" in loaded.reason
     compiles[0] = 0
-    outputs, _ = _postprocess.run(jax_fn, _on(second, raw), None, "auto", True)
-    assert compiles[0] == 0
+    outputs, moved = _postprocess.run(jax_fn, _on(second, raw), None, "auto", True)
+    assert compiles[0] == 0 and "moved from another device" in moved.reason
     assert_same(outputs, reference(jax_fn, raw))
 
 
@@ -288,6 +305,34 @@ def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch):
     assert compiles[0] > 0
     assert_same(outputs, reference(jax_fn, raw))
     assert all(out.devices() == {second} for out in outputs)
+
+
+def test_a_program_that_cannot_move_is_not_tried_again(compiles, monkeypatch):
+    model = models.structured()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 40)
+    clear_caches()
+    _postprocess.run(jax_fn, _on(jax.devices()[0], raw), None, "auto")
+    tries = []
+    monkeypatch.setattr(_executable_store, "relocate", lambda code, device: tries.append(1))
+    for device in jax.devices()[1:3]:
+        outputs, _ = _postprocess.run(jax_fn, _on(device, raw), None, "auto")
+        assert_same(outputs, reference(jax_fn, raw))
+    assert len(tries) == 1
+
+
+def test_programs_with_much_constant_data_are_not_moved(compiles, monkeypatch):
+    """Nothing kept to move (a second copy of the model's data), as the store keeps none."""
+    monkeypatch.setattr(_executable_store, "MAX_CONSTANT_BYTES", 1000)  # below the data's
+    model = models.data_regression(n_obs=500)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 100)
+    clear_caches()
+    _postprocess.run(jax_fn, _on(jax.devices()[0], raw), None, "auto")
+    compiles[0] = 0
+    outputs, _ = _postprocess.run(jax_fn, _on(jax.devices()[1], raw), None, "auto")
+    assert compiles[0] > 0
+    assert_same(outputs, reference(jax_fn, raw))
 
 
 def test_relocate_refuses_what_it_cannot_load():
