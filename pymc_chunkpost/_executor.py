@@ -334,11 +334,7 @@ def compile_executable(
         alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
         problem=problem,
         init=init,
-        origin=Origin.MOVED
-        if moved
-        else Origin.LOADED
-        if found[0] is not None
-        else Origin.COMPILED,
+        origin=_origin(moved, found[0]),
         to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
@@ -348,6 +344,12 @@ def compile_executable(
         programs = [c if x is None else x[1] for c, x in zip((compiled, init), loads)]
         _BY_DEVICE_KIND.put(jax_fn, kind_key, programs[:n_programs])
     return result
+
+
+def _origin(moved: Any, loaded: Any) -> Origin:
+    if moved is not None:
+        return Origin.MOVED
+    return Origin.COMPILED if loaded is None else Origin.LOADED
 
 
 def _device_kind_key(key: tuple) -> tuple | None:

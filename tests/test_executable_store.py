@@ -265,11 +265,12 @@ def test_a_plan_compiled_for_one_device_moves_to_another(
     expected = reference(jax_fn, raw)
     first, second = jax.devices()[:2]
     clear_caches()
-    _postprocess.run(jax_fn, _on(first, raw), None, "auto", progressbar=progress)
+    _, compiled = _postprocess.run(jax_fn, _on(first, raw), None, "auto", progressbar=progress)
     assert compiles[0] == (2 if compiled_fill else 1)
     compiles[0] = 0
     outputs, plan = _postprocess.run(jax_fn, _on(second, raw), None, "auto", progressbar=progress)
     assert compiles[0] == 0 and plan.loop is loop
+    assert plan.peak_bytes == compiled.peak_bytes  # XLA's memory analysis survives the move
     assert_same(outputs, expected)
     assert all(out.devices() == {second} for out in outputs)
 
