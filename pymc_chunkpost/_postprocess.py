@@ -257,9 +257,12 @@ def _run_shard_by_shard(
 ) -> tuple[list[Any], Plan]:
     """`run` on each device's shard in turn, as a one-device run (`_planner.serial_shards`).
 
-    The outputs are assembled on the draws' sharding from the shards' own outputs (no copy;
-    numpy outputs, in host memory, are filled block by block). An explicit `memory_budget`
-    is shared out equally. Nothing is donated until every shard has succeeded.
+    Invariant: each shard has finished before the next is dispatched. One-device programs
+    dispatched at once on every device hang as the one program over all of them does
+    (docs/strategies.md). The outputs are assembled on the draws' sharding from the
+    shards' own outputs (no copy; numpy outputs, in host memory, are filled block by
+    block). An explicit `memory_budget` is shared out equally. Nothing is donated until
+    every shard has succeeded.
     """
     sharding = problem.placement.sharding
     index = sharding.addressable_devices_indices_map(problem.in_specs[0].shape)
