@@ -203,6 +203,8 @@ _TRACES = FunctionCache(per_function=8)
 
 @dataclasses.dataclass(frozen=True)
 class _Trace:
+    """What one trace of a function on one draw's shapes gives (`Problem` has the fields)."""
+
     jaxpr: Any
     forwarded: tuple[int | None, ...]
     out_avals: tuple[Any, ...]
