@@ -223,7 +223,7 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
         placement = Placement(placement)
     in_specs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in in_specs)
     # The function's own constants trace to other dtypes under the other x64 setting.
-    x64 = bool(jax.config.jax_enable_x64)
+    x64 = bool(jax.config.read("jax_enable_x64"))
     key = (in_specs, placement, x64)
     cached = _ANALYSES.get(jax_fn, key)
     if cached is not None:
