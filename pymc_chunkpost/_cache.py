@@ -68,6 +68,12 @@ class FunctionCache:
         if len(entries) > self.per_function:
             entries.popitem(last=False)
 
+    def discard(self, drop: Callable[[Any], bool]) -> None:
+        """Drop every entry whose value `drop` accepts."""
+        for entries in [*self._weak.values(), *self._strong.values()]:
+            for key in [k for k, v in entries.items() if drop(v)]:
+                del entries[key]
+
     def clear(self) -> None:
         self._weak = weakref.WeakKeyDictionary()
         self._strong.clear()

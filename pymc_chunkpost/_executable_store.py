@@ -46,6 +46,7 @@ __all__ = [
     "Portable",
     "portable",
     "relocate",
+    "stop_loading",
     "MAX_BYTES",
     "MAX_CONSTANT_BYTES",
 ]
@@ -63,8 +64,9 @@ SUBFOLDER = "executables"
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
-#: Set once this jaxlib failed to load a whole, checksummed file: nothing more is stored or
-#: loaded in this process (some CPUs' loaders reject XLA's own files, as reported upstream).
+#: Set once this jaxlib failed to load a whole, checksummed file, or an executable it loaded
+#: or moved failed to run (`stop_loading`): nothing more is stored, loaded or moved in this
+#: process (some CPUs' loaders reject XLA's own files, as reported upstream).
 _LOADER_FAILED = False
 #: Temporary files of a write that was killed are swept after this many seconds.
 STALE_TMP_SECONDS = 3600
@@ -209,6 +211,8 @@ def relocate(code: Portable, device: Any) -> Any:
     is the same, only the device it is assigned to changes (as JAX's own persistent cache
     loads a GPU executable on another GPU of its kind).
     """
+    if _LOADER_FAILED:
+        return None
     # No public API loads an executable with another device assigned: these are the calls
     # JAX's own persistent cache makes for it (`compilation_cache.get_executable_and_time`),
     # and `serialize_executable.deserialize_and_load`'s, with the device mapped.
@@ -237,6 +241,13 @@ def relocate(code: Portable, device: Any) -> Any:
     except Exception:  # noqa: BLE001 - whatever this jaxlib cannot do, the caller compiles
         return None
     return moved
+
+
+def stop_loading() -> None:
+    """Nothing more is stored, loaded or moved in this process: an executable that this
+    jaxlib loaded or moved failed to run."""
+    global _LOADER_FAILED
+    _LOADER_FAILED = True
 
 
 class _Relocating(pickle.Unpickler):

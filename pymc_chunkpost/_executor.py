@@ -31,7 +31,16 @@ from ._problem import Problem
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE, flat_vmap
 
-__all__ = ["Loop", "Origin", "Executable", "compile_executable", "execute", "persist", "release"]
+__all__ = [
+    "Loop",
+    "Origin",
+    "Executable",
+    "compile_executable",
+    "execute",
+    "persist",
+    "release",
+    "distrust_foreign",
+]
 
 
 class Loop(enum.StrEnum):
@@ -334,7 +343,7 @@ def compile_executable(
         alias_bytes=int(getattr(memory, "alias_size_in_bytes", 0)),
         problem=problem,
         init=init,
-        origin=_origin(moved, found[0]),
+        origin=_origin(moved, found),
         to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
@@ -346,10 +355,11 @@ def compile_executable(
     return result
 
 
-def _origin(moved: Any, loaded: Any) -> Origin:
+def _origin(moved: Any, found: Sequence[Any]) -> Origin:
+    """Not `COMPILED` if any of the programs (a step, a compiled fill) was moved or loaded."""
     if moved is not None:
         return Origin.MOVED
-    return Origin.COMPILED if loaded is None else Origin.LOADED
+    return Origin.COMPILED if all(f is None for f in found) else Origin.LOADED
 
 
 def _device_kind_key(key: tuple) -> tuple | None:
@@ -433,6 +443,14 @@ def release(exe: Executable | None) -> None:
     """Forget what `exe` would store (a candidate that will not run): its lowered module goes."""
     if exe is not None:
         exe.to_store.clear()
+
+
+def distrust_foreign() -> None:
+    """An executable that this process did not compile (loaded or moved) failed to run: the
+    others held in memory go, and from now on every executable is compiled here."""
+    _executable_store.stop_loading()
+    _EXECUTABLES.discard(lambda exe: exe.origin is not Origin.COMPILED)
+    _BY_DEVICE_KIND.clear()  # nothing is moved any more
 
 
 def _after_compile(problem: Problem, output_memory: str) -> None:

@@ -1,4 +1,5 @@
-"""`auto` and the out-of-memory retry: policy only.
+"""`auto` and the one retry policy (out of memory; an executable not compiled here that failed to
+run): policy only.
 
 The planner decides, from evidence, what to run; `_executor` runs it. Every decision about a
 call lives here: the budget, the devices, the loop kind, the chunk size, and what to try
@@ -40,7 +41,15 @@ from jax.sharding import Mesh
 
 from . import _tuning
 from ._chunked import resolve_chunk_size
-from ._executor import Executable, Loop, Origin, compile_executable, persist, release
+from ._executor import (
+    Executable,
+    Loop,
+    Origin,
+    compile_executable,
+    distrust_foreign,
+    persist,
+    release,
+)
 from ._host_output import host_memory_kind
 from ._memory import free_bytes, host_free_bytes
 from ._problem import Placement, Problem, cpu_cores, is_out_of_memory, uses_primitives
@@ -50,6 +59,7 @@ __all__ = [
     "Plan",
     "first_attempt",
     "next_attempt",
+    "retries",
     "resolve_budget",
     "serial_shards",
     "spread",
@@ -732,10 +742,10 @@ class _CompileOutOfMemory(Exception):
         self.strategy = strategy
 
 
-#: What a plan from the tuning cache says of where its executable came from.
+#: What a plan says of an executable that this process did not compile.
 _ORIGIN_TEXT = {
-    Origin.LOADED: "; its executable loaded from disk",
-    Origin.MOVED: "; its executable moved from another device",
+    Origin.LOADED: "loaded from disk",
+    Origin.MOVED: "moved from another device",
 }
 
 
@@ -762,7 +772,7 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
     what = "No loop" if size is None else f"Chunks of {size} draws"
     reason = (
         f"{what}, from the tuning cache ({entry.get('why', 'measured before')}"
-        + _ORIGIN_TEXT.get(exe.origin, "")
+        + (f"; its executable {_ORIGIN_TEXT[exe.origin]}" if exe.origin in _ORIGIN_TEXT else "")
         + f"): {_mib(exe.peak_bytes)} in all, within {_budget_text(budget)}."
     )
     plan = _make_plan(problem, budget, exe, strategy, reason, "cache", time.perf_counter() - tic)
@@ -892,6 +902,13 @@ class Tuner:
         self.timing = False
         self._current = self.steps[self.best]
 
+    def abandon(self) -> None:
+        """End tuning after a failed run: wait for a compile in flight; nothing is stored."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for step in self.steps.values():
+            release(step)
+
     def close(self) -> None:
         """End tuning (waiting for a compile in flight) and store what was measured."""
         if self._pool is not None:
@@ -953,24 +970,63 @@ def next_attempt(
     problem: Problem,
     failed: Attempt | None,
     failed_strategy: str,
-    error: BaseException,
+    error: Exception,
     *,
     lost: Sequence[int],
     budget: int | None,
     donate: Sequence[int],
     progress: bool,
 ) -> Attempt:
-    """What to try after running out of memory: the one retry policy.
+    """What to try after a failure that `retries` accepts: the one retry policy.
 
-    Halve the chunk that failed (`smaller`), in the loop it had, or in the planner's loop for
-    a plan that had none. Stop, with the draws intact, when the device has less free than
-    the outputs alone need (smaller chunks cannot help), at one draw per chunk, or when
-    donated draws were lost.
+    An executable that this process did not compile (loaded from the store, or moved from
+    another device) that failed to run is compiled here, with the same plan and no online
+    tuning, and nothing more is loaded, moved or stored in this process.
+
+    After running out of memory, halve the chunk that failed (`smaller`), in the loop it
+    had, or in the planner's loop for a plan that had none. Stop, with the draws intact,
+    when the device has less free than the outputs alone need (smaller chunks cannot help),
+    at one draw per chunk, or when donated draws were lost.
 
     Raises:
-        MemoryError: nothing more to try.
+        MemoryError: nothing more to try after running out of memory.
+        RuntimeError: the executable that failed had taken donated draws.
     """
     n = problem.n_local
+    if failed is not None and failed.tuner is not None:
+        failed.tuner.abandon()
+    foreign = _foreign_failure(failed, error)
+    if failed is not None and foreign is not None:
+        origin = _ORIGIN_TEXT[foreign]
+        distrust_foreign()
+        if lost:
+            raise RuntimeError(
+                f"Post-processing failed in an executable {origin} ({error}), and inputs "
+                f"{list(lost)} had been donated to it and are lost."
+            ) from error
+        warn(
+            f"An executable {origin} failed to run ({error}); compiling it here instead, "
+            "and nothing more is loaded, moved or stored in this process. The draws are "
+            "intact."
+        )
+        size = failed.exe.chunk_size
+        exe = _compile(
+            jax_fn,
+            problem,
+            failed.exe.strategy,
+            failed.exe.loop,
+            size,
+            donate,
+            progress,
+            failed.exe.output_memory,
+            tuned=failed.exe.segments,
+        )
+        if exe is not None:
+            what = "No loop" if size is None else f"Chunks of {size} draws"
+            reason = f"{what}, as planned, compiled here: the executable {origin} failed to run."
+            plan = _make_plan(problem, budget, exe, failed.plan.strategy, reason, "retry")
+            return Attempt(plan, exe)
+        # Compiling here ran out of memory: the memory policy below goes on from its plan.
     if failed is not None:
         current = failed.exe.chunk_size or _effective_chunk(problem, failed.exe.strategy)
         loop = failed.exe.loop
@@ -1023,6 +1079,27 @@ def next_attempt(
         size = smaller(n, size)
     reason = f"Retried at {size} draws per chunk after running out of memory."
     return Attempt(_make_plan(problem, budget, exe, "chunked", reason, "retry"), exe)
+
+
+def retries(failed: Attempt | None, error: Exception) -> bool:
+    """Whether `next_attempt` has something to try after `error` (raised while compiling or
+    running `failed`): out of memory, or an executable that this process did not compile
+    failed to run."""
+    return is_out_of_memory(error) or _foreign_failure(failed, error) is not None
+
+
+def _foreign_failure(failed: Attempt | None, error: Exception) -> Origin | None:
+    """Where the executable came from, if `error` is a failure to run (not out of memory) of
+    an attempt with an executable that this process did not compile (its own, or a tuner's
+    step); else None."""
+    if (
+        failed is None
+        or not isinstance(error, jax.errors.JaxRuntimeError)
+        or is_out_of_memory(error)
+    ):
+        return None
+    steps = [failed.exe, *(() if failed.tuner is None else failed.tuner.steps.values())]
+    return next((s.origin for s in steps if s.origin is not Origin.COMPILED), None)
 
 
 def _effective_chunk(problem: Problem, strategy: str) -> int:

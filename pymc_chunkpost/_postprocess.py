@@ -22,7 +22,7 @@ from ._executor import execute
 from ._memory import resolve_device
 from ._options import CHUNK_STRATEGIES, check_options
 from ._planner import Attempt, Plan
-from ._problem import Problem, analyse, is_out_of_memory, locate
+from ._problem import Problem, analyse, locate
 from ._progress import progress_bar
 
 __all__ = ["postprocess_samples", "plan", "run"]
@@ -214,7 +214,7 @@ def run(
                 jax.block_until_ready(computed)
             break
         except (jax.errors.JaxRuntimeError, _planner._CompileOutOfMemory) as error:
-            if not is_out_of_memory(error):
+            if not _planner.retries(attempt, error):
                 raise
             # Release what the failed attempt still holds (its outputs, here and in the
             # frames it failed in), so that the free memory the planner reads is real.
