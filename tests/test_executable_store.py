@@ -295,7 +295,9 @@ def test_an_executable_loaded_from_disk_moves_from_its_bytes(cache, compiles):
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch):
+@pytest.mark.parametrize("refused", ["relocate_fails", "loading_stopped"])
+def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch, refused):
+    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -303,9 +305,12 @@ def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch):
     clear_caches()
     _postprocess.run(jax_fn, _on(first, raw), None, "auto")
     compiles[0] = 0
-    monkeypatch.setattr(_executable_store, "relocate", lambda code, device: None)
-    outputs, _ = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
-    assert compiles[0] > 0
+    if refused == "relocate_fails":
+        monkeypatch.setattr(_executable_store, "relocate", lambda code, device: None)
+    else:  # after a loaded or moved executable failed to run (`stop_loading`)
+        _executable_store.stop_loading()
+    outputs, plan = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
+    assert compiles[0] > 0 and "moved" not in plan.reason
     assert_same(outputs, reference(jax_fn, raw))
     assert all(out.devices() == {second} for out in outputs)
 
@@ -488,18 +493,3 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     assert retries(Attempt(None, exe, tuned), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, exe, None), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, loaded, None), ValueError("not XLA's"))  # type: ignore[arg-type]
-
-
-def test_nothing_is_moved_once_loading_stopped(compiles, monkeypatch):
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
-    model = models.structured()
-    jax_fn = models.jax_fn(model)
-    raw = models.raw_draws(model, 4, 40)
-    first, second = jax.devices()[:2]
-    clear_caches()
-    _postprocess.run(jax_fn, _on(first, raw), None, "auto")
-    _executable_store.stop_loading()
-    compiles[0] = 0
-    outputs, plan = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
-    assert compiles[0] > 0 and "moved" not in plan.reason
-    assert_same(outputs, reference(jax_fn, raw))
