@@ -365,8 +365,14 @@ class _FailsToRun:
         return getattr(self._compiled, name)
 
 
-def _loads_broken(monkeypatch, message: str = NOT_FOUND) -> None:
-    """From now on, what the store loads fails at its first call with `message`."""
+def _stored_then_loaded_broken(monkeypatch, message: str = NOT_FOUND):
+    """A first run compiles and stores; from then on, what the store loads fails at its first
+    call with `message`. Returns the function, the draws and the first run's plan."""
+    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    model = models.structured()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 4, 40)
+    _, first = _run(jax_fn, raw)
     load = _executable_store.load
 
     def broken(slot, lowered):
@@ -374,6 +380,7 @@ def _loads_broken(monkeypatch, message: str = NOT_FOUND) -> None:
         return None if found is None else (_FailsToRun(found[0], message), found[1])
 
     monkeypatch.setattr(_executable_store, "load", broken)
+    return jax_fn, raw, first
 
 
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
@@ -384,13 +391,8 @@ def test_a_loaded_executable_that_fails_to_run_is_compiled_here(cache, monkeypat
         monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
     if loop is Loop.HOST:
         monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
-    model = models.structured()
-    jax_fn = models.jax_fn(model)
-    raw = models.raw_draws(model, 4, 40)
-    _, first = _run(jax_fn, raw)
+    jax_fn, raw, first = _stored_then_loaded_broken(monkeypatch)
     assert first.loop is loop and _stored(cache)
-    _loads_broken(monkeypatch)
     with pytest.warns(RuntimeWarning, match="loaded from disk failed to run.*draws are intact"):
         outputs, plan = _run(jax_fn, raw)
     assert plan.source == "retry" and "compiled here" in plan.reason
@@ -465,12 +467,8 @@ def test_a_loaded_executable_out_of_memory_is_the_memory_policys(cache, monkeypa
     """Running out of memory says nothing against the store: smaller chunks, as for any
     executable, and the store stays in use."""
     monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
-    model = models.structured()
-    jax_fn = models.jax_fn(model)
-    raw = models.raw_draws(model, 4, 40)
-    _, first = _run(jax_fn, raw)
-    _loads_broken(monkeypatch, "RESOURCE_EXHAUSTED: Out of memory allocating")
+    oom = "RESOURCE_EXHAUSTED: Out of memory allocating"
+    jax_fn, raw, first = _stored_then_loaded_broken(monkeypatch, oom)
     with pytest.warns(RuntimeWarning, match="ran out of memory"):
         outputs, plan = _run(jax_fn, raw)
     assert plan.source == "retry" and plan.chunk_size < first.chunk_size
