@@ -25,7 +25,7 @@ from . import _executable_store
 from ._cache import FunctionCache
 from ._chunked import read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
-from ._jaxpr_eval import draw_major_fun
+from ._jaxpr_eval import draw_major_fun, vmap_draws
 from ._memory import TRIM_MIN_BYTES, release_freed_heap
 from ._problem import Problem
 from ._progress import on_chunk
@@ -182,11 +182,15 @@ def compile_executable(
     computed = problem.computed
     # The jaxpr that `analyse` traced: evaluating it skips a second trace of `jax_fn`, and
     # computes data-times-draw products draw-major (`_jaxpr_eval`).
-    traced = jax_fn if problem.jaxpr is None else draw_major_fun(problem.jaxpr)
+    per_draw: Callable
+    if problem.jaxpr is None:
 
-    def per_draw(*values):
-        outs = traced(*values)
-        return [outs[j] for j in computed]
+        def per_draw(*values):
+            outs = jax_fn(*values)
+            return [outs[j] for j in computed]
+
+    else:
+        per_draw = draw_major_fun(problem.jaxpr, computed)
 
     sharding = problem.placement.sharding
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
@@ -511,7 +515,7 @@ def _chunk_step(per_draw: Callable, n: int, size: int) -> Callable:
     def step(outs, samples, start):
         flat, flat_outs = _flat(samples, n), _flat(outs, n)
         start = jnp.minimum(start, n - size)
-        ys = jax.vmap(per_draw)(*[read_slice(x, start, size, 0) for x in flat])
+        ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
         flat_outs = [write_slice(o, y, start, 0) for o, y in zip(flat_outs, ys)]
         return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
 
@@ -524,7 +528,7 @@ def _segment_step(per_draw: Callable, n: int, size: int) -> Callable:
     Segments of different chunk sizes tile the draws one after the other."""
 
     def chunk(flat, outs, start):
-        ys = jax.vmap(per_draw)(*[read_slice(x, start, size, 0) for x in flat])
+        ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
         return [write_slice(o, y, start, 0) for o, y in zip(outs, ys)]
 
     def step(outs, samples, start, count):

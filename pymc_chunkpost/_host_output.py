@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from ._chunked import read_slice
+from ._jaxpr_eval import vmap_draws
 
 __all__ = [
     "Transfer",
@@ -141,7 +142,7 @@ def host_chunk_function(
     def chunk(samples, start):
         flat = [x.reshape((n,) + x.shape[2:]) for x in samples]  # free: a bitcast
         sliced = [read_slice(x, start, size, 0) for x in flat]
-        return list(jax.vmap(lambda *values: list(per_draw(*values)))(*sliced))
+        return list(vmap_draws(per_draw, 1)(*sliced))
 
     return jax.named_call(chunk, name=f"chunk_{size}")
 

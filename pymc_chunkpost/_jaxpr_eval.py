@@ -11,74 +11,348 @@ rounding.
 
 Calls of nested jitted functions (`jnp` functions are jitted) are inlined, so that the
 products inside them are seen too; XLA inlines them anyway.
+
+Mapped over draws (`DrawFunction.over_draws`), an elementwise equation (a primitive that
+`jax.vmap` batches by binding it on the batched operands as they are) is bound on the draws'
+arrays directly, and every other run of equations that reads the draws is mapped by one
+`jax.vmap` per draw axis. The program is the one `jax.vmap` gives; only tracing is cheaper,
+by the batch tracer's cost per equation and axis: a model of hundreds of scalars traces in a
+third of the time (docs/strategies.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from jax import lax
 from jax.extend.core import Literal
 
-__all__ = ["CALLS", "draw_major_fun"]
+__all__ = ["CALLS", "DrawFunction", "draw_major_fun", "vmap_draws"]
 
 # Primitives that call a closed jaxpr (param "jaxpr") and mean nothing more than that call:
 # jitted functions ("pjit" before jax 0.7).
 CALLS = frozenset({"pjit", "jit"})
 
 
-def draw_major_fun(closed: Any) -> Callable:
+def _batcher_kinds() -> tuple[Any, Any, dict]:
+    """jax's batching rules for elementwise primitives: unary (`vectorized_batcher`, every
+    operand batched) and n-ary with broadcasting (`broadcast_batcher`). Internal to jax: a
+    jax without them maps every equation with `jax.vmap`."""
+    try:
+        from jax._src.interpreters import batching
+
+        return (
+            batching.vectorized_batcher,
+            batching.broadcast_batcher,
+            batching.fancy_primitive_batchers,
+        )
+    except (ImportError, AttributeError):
+        return None, None, {}
+
+
+_VECTORIZED, _BROADCAST, _RULES = _batcher_kinds()
+
+
+def vmap_draws(fn: Callable, n: int) -> Callable:
+    """`fn` (one draw's values to a list of outputs) over `n` leading draw axes: `n` nested
+    `jax.vmap`s, or `fn.over_draws(n)` for a `DrawFunction`."""
+    if isinstance(fn, DrawFunction):
+        return fn.over_draws(n)
+    return _nested_vmap(fn, n)
+
+
+def _nested_vmap(fn: Callable, n: int) -> Callable:
+    for _ in range(n):
+        fn = jax.vmap(fn)
+    return fn
+
+
+class DrawFunction:
+    """The per-draw function of a closed jaxpr, with draw-major products (module docstring).
+
+    Called on one draw's values, it returns the outputs at `outputs` (all by default);
+    `over_draws(n)` maps it over `n` leading draw axes.
+    """
+
+    def __init__(self, closed: Any, outputs: Sequence[int] | None = None):
+        self.closed = closed
+        self.outputs = None if outputs is None else tuple(outputs)
+
+    def _select(self, outs: list) -> list:
+        return outs if self.outputs is None else [outs[j] for j in self.outputs]
+
+    def __call__(self, *args: Any) -> list:
+        closed = self.closed
+        env = _env(closed, args, [True] * len(args))
+        _eval(closed.jaxpr.eqns, *env)
+        return self._select([_read(env[0], v) for v in closed.jaxpr.outvars])
+
+    @functools.cached_property
+    def schedule(self) -> _Schedule:
+        """How `over_draws` evaluates the jaxpr (`_schedule`)."""
+        jaxpr = self.closed.jaxpr
+        return _schedule(jaxpr.eqns, dict.fromkeys(jaxpr.invars, True))
+
+    def over_draws(self, n: int) -> Callable:
+        """The function of arrays whose `n` leading axes are draws: `n` nested `jax.vmap`s of
+        this function, traced more cheaply where `_Schedule.pays` (module docstring)."""
+        if not self.schedule.pays or not self.closed.jaxpr.invars:
+            return _nested_vmap(self.__call__, n)
+
+        def mapped(*args: Any) -> list:
+            closed = self.closed
+            env = _env(closed, args, [True] * len(args))
+            _run_schedule(self.schedule, *env, n)
+            batch = tuple(args[0].shape[:n])
+            return self._select([_batched(env, v, batch) for v in closed.jaxpr.outvars])
+
+        return mapped
+
+
+def draw_major_fun(closed: Any, outputs: Sequence[int] | None = None) -> DrawFunction:
     """`jax.extend.core.jaxpr_as_fun(closed)`, with the draw-major products described above.
 
     `closed` is the per-draw function's `ClosedJaxpr`; its inputs are the draw's values, its
-    constants the model's data.
+    constants the model's data. `outputs`: the indices of the outputs to return.
     """
-
-    def fun(*args):
-        consts = closed.consts
-        outs, _ = _eval(closed.jaxpr, consts, [False] * len(consts), args, [True] * len(args))
-        return outs
-
-    return fun
+    return DrawFunction(closed, outputs)
 
 
-def _eval(jaxpr, consts, const_flags, args, arg_flags) -> tuple[list, list[bool]]:
-    """Evaluate `jaxpr`: its outputs, and for each whether it depends on the draw (the flags
-    say which constants and arguments do)."""
-    env: dict[Any, Any] = {}
+# The evaluation state: values by variable, and whether each depends on the draw.
+_Env = tuple[dict[Any, Any], dict[Any, bool]]
+
+
+def _env(closed: Any, args: Sequence[Any], flags: Sequence[bool]) -> _Env:
+    """`closed`'s constants (data) and arguments, which depend on the draw where `flags`."""
+    jaxpr = closed.jaxpr
+    values: dict[Any, Any] = {}
     depends: dict[Any, bool] = {}
+    for v, x in zip(jaxpr.constvars, closed.consts):
+        values[v], depends[v] = x, False
+    for v, x, flag in zip(jaxpr.invars, args, flags):
+        values[v], depends[v] = x, flag
+    return values, depends
 
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
 
-    def reads_draw(v) -> bool:
-        return not isinstance(v, Literal) and depends[v]
+def _read(values: dict, v: Any) -> Any:
+    return v.val if isinstance(v, Literal) else values[v]
 
-    for v, x, flag in zip(
-        [*jaxpr.constvars, *jaxpr.invars], [*consts, *args], [*const_flags, *arg_flags]
-    ):
-        env[v], depends[v] = x, flag
-    for eqn in jaxpr.eqns:
-        values = [read(v) for v in eqn.invars]
-        flags = [reads_draw(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in CALLS else None
+
+def _reads_draw(depends: dict, v: Any) -> bool:
+    return not isinstance(v, Literal) and depends[v]
+
+
+def _batched(env: _Env, v: Any, batch: tuple[int, ...]) -> Any:
+    """Output `v` with the draw axes: one that does not depend on the draw is broadcast, as
+    `jax.vmap` broadcasts it."""
+    x = _read(env[0], v)
+    if _reads_draw(env[1], v):
+        return x
+    return lax.broadcast(x, batch)
+
+
+def _inner(eqn: Any) -> Any:
+    """The closed jaxpr a call equation calls, else None."""
+    inner = eqn.params.get("jaxpr") if eqn.primitive.name in CALLS else None
+    return inner if inner is not None and hasattr(inner, "consts") else None
+
+
+def _call(eqn: Any, values: dict, depends: dict, evaluate: Callable) -> None:
+    """A call equation, inlined: its jaxpr evaluated by `evaluate(eqns, values, depends)` in an
+    environment of its own."""
+    inner = _inner(eqn)
+    args = [_read(values, v) for v in eqn.invars]
+    inner_values, inner_depends = _env(inner, args, [_reads_draw(depends, v) for v in eqn.invars])
+    evaluate(inner.jaxpr.eqns, inner_values, inner_depends)
+    for v, w in zip(eqn.outvars, inner.jaxpr.outvars):
+        values[v], depends[v] = _read(inner_values, w), _reads_draw(inner_depends, w)
+
+
+def _eval(eqns: Sequence[Any], values: dict, depends: dict) -> None:
+    """Evaluate `eqns` on one draw, in place: each result, and whether it depends on the draw."""
+    for eqn in eqns:
         with eqn.ctx.manager:
-            if inner is not None and hasattr(inner, "consts"):
-                n = len(inner.consts)
-                outs, out_flags = _eval(inner.jaxpr, inner.consts, [False] * n, values, flags)
+            if _inner(eqn) is not None:
+                _call(eqn, values, depends, _eval)
+                continue
+            args = [_read(values, v) for v in eqn.invars]
+            flags = [_reads_draw(depends, v) for v in eqn.invars]
+            if _swappable(eqn, flags):
+                outs = [_swapped_dot(args[0], args[1], eqn.params)]
             else:
-                if _swappable(eqn, flags):
-                    outs = [_swapped_dot(values[0], values[1], eqn.params)]
-                else:
-                    params = eqn.primitive.get_bind_params(eqn.params)
-                    outs = eqn.primitive.bind(*values, **params)
-                    if not eqn.primitive.multiple_results:
-                        outs = [outs]
-                out_flags = [any(flags)] * len(eqn.outvars)
-        for v, x, flag in zip(eqn.outvars, outs, out_flags):
-            env[v], depends[v] = x, flag
-    return [read(v) for v in jaxpr.outvars], [reads_draw(v) for v in jaxpr.outvars]
+                outs = _bind(eqn, args)
+        for v, x in zip(eqn.outvars, outs):
+            values[v], depends[v] = x, any(flags)
+
+
+def _bind(eqn: Any, args: Sequence[Any]) -> list:
+    params = eqn.primitive.get_bind_params(eqn.params)
+    outs = eqn.primitive.bind(*args, **params)
+    return outs if eqn.primitive.multiple_results else [outs]
+
+
+#: A run mapped by `jax.vmap` costs about as much tracing as binding this many elementwise
+#: equations directly saves (docs/strategies.md).
+EQNS_PER_RUN = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One step of a `_Schedule`: equations that read no draw, bound as they are ("data"); an
+    elementwise equation bound on the draws' arrays ("elementwise"); an inlined call with its
+    own schedule ("call"); or a run of equations mapped by one `jax.vmap` per axis ("run")."""
+
+    kind: str
+    eqns: tuple[Any, ...]
+    inner: _Schedule | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    steps: tuple[_Step, ...]
+    elementwise: int  # elementwise equations, in calls too
+    runs: int  # runs mapped by `jax.vmap`, in calls too
+
+    @property
+    def pays(self) -> bool:
+        """Whether the equations bound directly save more tracing than the runs cost."""
+        return self.elementwise >= EQNS_PER_RUN * self.runs
+
+
+def _schedule(eqns: Sequence[Any], depends: dict[Any, bool]) -> _Schedule:
+    """How to evaluate `eqns` over the draw axes, from which variables depend on the draw
+    (`depends`, filled in as it goes; the jaxpr's constants are absent: data).
+
+    Equations that read the draw and are neither elementwise nor calls wait in a pending run,
+    mapped at once when an equation needs what they compute, or at the end. Invariant: an
+    equation comes after every equation whose results it reads (the jaxpr is pure: otherwise
+    the order does not matter), and an equation with effects after every pending one."""
+    steps: list[_Step] = []
+    pending: list[Any] = []
+    elementwise = runs = 0
+
+    def reads_draw(v: Any) -> bool:
+        return not isinstance(v, Literal) and depends.get(v, False)
+
+    def flush() -> None:
+        nonlocal runs
+        if pending:
+            steps.append(_Step("run", tuple(pending)))
+            runs += 1
+            pending.clear()
+
+    for eqn in eqns:
+        flags = [reads_draw(v) for v in eqn.invars]
+        if not any(flags):  # reads no draw, so nothing pending either
+            steps.append(_Step("data", (eqn,)))
+            continue
+        inner = _inner(eqn)
+        if inner is None and not _elementwise(eqn, flags):
+            pending.append(eqn)
+            depends.update(dict.fromkeys(eqn.outvars, True))
+            continue
+        computing = {v for e in pending for v in e.outvars}
+        if eqn.effects or any(v in computing for v in eqn.invars if not isinstance(v, Literal)):
+            flush()
+        if inner is None:
+            steps.append(_Step("elementwise", (eqn,)))
+            elementwise += 1
+            depends.update(dict.fromkeys(eqn.outvars, True))
+            continue
+        inner_depends = dict(zip(inner.jaxpr.invars, flags))
+        sub = _schedule(inner.jaxpr.eqns, inner_depends)
+        steps.append(_Step("call", (eqn,), sub))
+        elementwise += sub.elementwise
+        runs += sub.runs
+        for v, w in zip(eqn.outvars, inner.jaxpr.outvars):
+            depends[v] = not isinstance(w, Literal) and inner_depends.get(w, False)
+    flush()
+    return _Schedule(tuple(steps), elementwise, runs)
+
+
+def _run_schedule(schedule: _Schedule, values: dict, depends: dict, n: int) -> None:
+    """`_eval` over `n` leading draw axes, as `schedule` says: the values that depend on the
+    draw carry them."""
+    for step in schedule.steps:
+        if step.kind == "data":
+            _eval(step.eqns, values, depends)
+        elif step.kind == "run":
+            _map_run(step.eqns, values, depends, n)
+        else:
+            (eqn,) = step.eqns
+            with eqn.ctx.manager:
+                if step.kind == "call":
+                    assert step.inner is not None
+                    _call(eqn, values, depends, _scheduled(step.inner, n))
+                    continue
+                flags = [_reads_draw(depends, v) for v in eqn.invars]
+                args = [_read(values, v) for v in eqn.invars]
+                outs = _bind(eqn, _broadcastable(eqn, args, flags, n))
+            for v, x in zip(eqn.outvars, outs):
+                values[v], depends[v] = x, True
+
+
+def _scheduled(schedule: _Schedule, n: int) -> Callable:
+    """`_run_schedule` as the evaluator of a call's equations (`_call`)."""
+    return lambda _eqns, values, depends: _run_schedule(schedule, values, depends, n)
+
+
+def _map_run(eqns: Sequence[Any], values: dict, depends: dict, n: int) -> None:
+    """Evaluate `eqns` (each reads the draw) under one `jax.vmap` per draw axis."""
+    defined = {v for eqn in eqns for v in eqn.outvars}
+    inputs = list(
+        dict.fromkeys(
+            v for eqn in eqns for v in eqn.invars if not isinstance(v, Literal) and v not in defined
+        )
+    )
+    outputs = [v for eqn in eqns for v in eqn.outvars]
+    flags = [depends[v] for v in inputs]
+
+    def run(*args):
+        inner_values = dict(zip(inputs, args))
+        inner_depends = dict(zip(inputs, flags))
+        _eval(eqns, inner_values, inner_depends)
+        return [inner_values[v] for v in outputs]
+
+    axes = [0 if flag else None for flag in flags]
+    for _ in range(n):
+        run = jax.vmap(run, in_axes=axes)
+    for v, x in zip(outputs, run(*[values[v] for v in inputs])):
+        values[v], depends[v] = x, True
+
+
+def _elementwise(eqn: Any, flags: list[bool]) -> bool:
+    """Whether `jax.vmap` batches `eqn` by binding it on the batched operands as they are:
+    unary with every operand batched, or n-ary with broadcasting (`_broadcastable`)."""
+    rule = getattr(_RULES.get(eqn.primitive), "func", None)
+    if rule is None or eqn.primitive.multiple_results:
+        return False
+    if rule is _VECTORIZED:
+        return all(flags)
+    if rule is not _BROADCAST:
+        return False
+    rank = max(len(v.aval.shape) for v in eqn.invars)
+    return all(not flag or len(v.aval.shape) in (0, rank) for v, flag in zip(eqn.invars, flags))
+
+
+def _broadcastable(eqn: Any, args: list, flags: list[bool], n: int) -> list:
+    """The operands of an elementwise equation that compute every draw at once, as
+    `jax.vmap`'s own rule binds them: with size-1 axes where an operand lacks the draw axes
+    (data) or the draw's own axes (a batched scalar among arrays)."""
+    rank = max(len(v.aval.shape) for v in eqn.invars)
+    out = []
+    for x, v, flag in zip(args, eqn.invars, flags):
+        r = len(v.aval.shape)
+        if flag and r < rank:
+            x = lax.expand_dims(x, tuple(range(n, n + rank)))
+        elif not flag and r:
+            x = lax.expand_dims(x, tuple(range(n)))
+        out.append(x)
+    return out
 
 
 def _swappable(eqn, flags: list[bool]) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import jax
 
 from ._chunked import _chunked
+from ._jaxpr_eval import vmap_draws
 
 __all__ = ["STRATEGIES", "STRATEGY_TABLE"]
 
@@ -26,7 +27,7 @@ def _vmap(
 ) -> list[jax.Array]:
     """Both axes vmapped: pymc's default. Fast; temporaries scale with chains x draws."""
     del chunk_size, progress
-    return jax.vmap(jax.vmap(fn))(*samples)
+    return vmap_draws(fn, 2)(*samples)
 
 
 def flat_vmap(
@@ -36,7 +37,7 @@ def flat_vmap(
     that gathers or scatters a draw's values: under two batch dimensions XLA lays such results
     out transposed and copies them into the outputs (docs/strategies.md)."""
     del chunk_size, progress
-    return _over_flat(jax.vmap(fn), samples)
+    return _over_flat(vmap_draws(fn, 1), samples)
 
 
 def _vmap_scan(
@@ -44,7 +45,7 @@ def _vmap_scan(
 ) -> list[jax.Array]:
     """Chains vmapped, draws looped: pymc's "scan", without its two swapaxes copies."""
     del chunk_size
-    return _chunked(jax.vmap(fn), 1, 1, 1, None, False, progress)(*samples)
+    return _chunked(vmap_draws(fn, 1), 1, 1, 1, None, False, progress)(*samples)
 
 
 def _scan_vmap(
@@ -52,7 +53,7 @@ def _scan_vmap(
 ) -> list[jax.Array]:
     """Chains looped, draws vmapped. Temporaries scale with draws."""
     del chunk_size
-    return _chunked(jax.vmap(fn), 0, 0, 1, None, False, progress)(*samples)
+    return _chunked(vmap_draws(fn, 1), 0, 0, 1, None, False, progress)(*samples)
 
 
 def _nested_scan(

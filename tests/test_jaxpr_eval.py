@@ -159,3 +159,118 @@ def test_gathers_inside_control_flow_and_other_scatters_count():
     assert _gathers(lambda a: jax.lax.cond(a[0] > 0, lambda x: x[idx], lambda x: -x[idx], a), (3,))
     assert _gathers(lambda a: jnp.ones(3).at[idx].multiply(a), (4,))
     assert not _gathers(lambda a: jax.lax.cond(a[0] > 0, lambda x: x * 2, lambda x: x, a), (3,))
+
+
+# --------------------------------------------------------------------------------------------
+# `DrawFunction.over_draws`: elementwise equations bound on the draws' arrays directly.
+
+
+@jax.jit
+def _scaled_exp(a, s):  # a jitted helper: inlined, its elementwise equations bound directly
+    return jnp.exp(a) * s
+
+
+def mixed(a, b, k):
+    """Every case of `_broadcastable` and `_schedule`: data, literals, batched scalars among
+    arrays, runs (a cumulative sum, a select, a data product) between elementwise equations,
+    a nested call, outputs that are literals, data or an input."""
+    c = jnp.cumsum(a)
+    return [
+        a,  # an input, passed through
+        1.0,  # a literal
+        jnp.asarray(X[0]) * 2.0,  # data only: broadcast over the draws
+        jnp.exp(a) + X[0, :3],  # an array of data
+        b * a + 3.0,  # a batched scalar among arrays, and a literal
+        c * jnp.log1p(b),  # after a run
+        jnp.where(a > 0, c, -c),  # a select: a run that reads the elementwise results
+        _scaled_exp(a, b),
+        (X[:, :3] @ a) - b,  # the draw-major product, in a run
+        a.astype(np.int32) + k,  # integers
+        jnp.maximum(k, 2),  # integers: a batched scalar and a literal
+    ]
+
+
+def _mixed_args(dtype, n):
+    lead = (2, 5)[-n:] if n == 1 else (2, 5)
+    return [
+        RNG.normal(size=lead + (3,)).astype(dtype),
+        RNG.normal(size=lead).astype(dtype),
+        RNG.integers(-3, 3, size=lead).astype(np.int32),
+    ]
+
+
+@pytest.fixture
+def every_equation_scheduled(monkeypatch):
+    """`over_draws` takes its schedule on every jaxpr, whether it pays or not."""
+    from pymc_chunkpost import _jaxpr_eval
+
+    monkeypatch.setattr(_jaxpr_eval, "EQNS_PER_RUN", 0)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_over_draws_is_vmap_bit_for_bit(n, dtype, every_equation_scheduled):
+    from pymc_chunkpost._jaxpr_eval import vmap_draws
+
+    args = _mixed_args(dtype, n)
+    specs = [jax.ShapeDtypeStruct(a.shape[n:], a.dtype) for a in args]
+    closed = jax.make_jaxpr(mixed)(*specs)
+    fun = draw_major_fun(closed)
+    kinds = {step.kind for step in fun.schedule.steps}
+    assert kinds == {"data", "elementwise", "call", "run"}, kinds
+    want = jax.jit(vmap_draws(fun.__call__, n))(*args)  # plain nested vmaps, per draw
+    got = jax.jit(fun.over_draws(n))(*args)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.shape == w.shape and g.dtype == w.dtype, i
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"output {i}")
+    values = jax.vmap(jax.vmap(jaxpr_as_fun(closed))) if n == 2 else jax.vmap(jaxpr_as_fun(closed))
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    for g, w in zip(got, values(*args), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol)
+
+
+def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
+    """The schedule is taken where the equations bound directly outnumber the runs
+    (`EQNS_PER_RUN`): hundreds of scalars, each transformed, bind directly; a model whose
+    elementwise equations sit between reshapes and reductions keeps `jax.vmap`."""
+    from pymc_chunkpost._jaxpr_eval import EQNS_PER_RUN
+
+    def scalars(*xs):
+        return [jnp.exp(x) + 1.0 for x in xs] + [sum(xs)]
+
+    closed = jax.make_jaxpr(scalars)(*[jax.ShapeDtypeStruct((), np.float64)] * 50)
+    schedule = draw_major_fun(closed).schedule
+    assert schedule.runs == 0 and schedule.elementwise == 150, schedule  # exp, add, sum
+    assert schedule.pays
+
+    def logsumexps(a):
+        outs = []
+        for k in range(4):
+            m = jnp.max(a[k])
+            outs.append(m + jnp.log(jnp.sum(jnp.exp(a[k] - m))))
+        return outs
+
+    closed = jax.make_jaxpr(logsumexps)(jax.ShapeDtypeStruct((4, 6), np.float64))
+    fun = draw_major_fun(closed)
+    assert fun.schedule.elementwise < EQNS_PER_RUN * fun.schedule.runs, fun.schedule
+    assert not fun.schedule.pays
+    a = RNG.normal(size=(3, 4, 6))
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(fun.over_draws(1))(a)[0]), np.asarray(jax.vmap(fun)(a)[0])
+    )
+
+
+def test_a_run_waits_until_its_results_are_needed():
+    """Equations that need no pending result do not split a run: one run for both cumulative
+    sums, then the elementwise equation that reads them."""
+
+    def fun(a):
+        e = jnp.exp(a)
+        c1, c2 = jax.lax.cumsum(a), jax.lax.cumsum(e)
+        return [jnp.log1p(a), c1 * c2]
+
+    closed = jax.make_jaxpr(fun)(jax.ShapeDtypeStruct((5,), np.float64))
+    steps = draw_major_fun(closed).schedule.steps
+    assert [s.kind for s in steps] == ["elementwise", "elementwise", "run", "elementwise"]
+    assert [e.primitive.name for e in steps[2].eqns] == ["cumsum", "cumsum"]

@@ -113,3 +113,27 @@ def test_integer_outputs_are_integers(zoo):
     # The zoo's integer deterministics stay integers (and are compared exactly above).
     _, _, expected = zoo("integer_dets")
     assert sum(np.issubdtype(y.dtype, np.integer) for y in expected) == 3
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "scan_vmap", "auto"])
+@pytest.mark.parametrize("name", ZOO)
+def test_matches_pymc_with_every_jaxpr_scheduled(zoo, name, strategy, monkeypatch):
+    """`DrawFunction.over_draws` takes its schedule (elementwise equations bound on the
+    draws' arrays) only where it pays; forced on every model and in each strategy that maps
+    draws with it, the outputs are still pymc's."""
+    from pymc_chunkpost import _jaxpr_eval
+
+    monkeypatch.setattr(_jaxpr_eval, "EQNS_PER_RUN", 0)
+    calls = []
+    real = _jaxpr_eval._run_schedule
+    monkeypatch.setattr(_jaxpr_eval, "_run_schedule", lambda *a: calls.append(1) or real(*a))
+    if name in SMALL and strategy not in FULL_SIZE_ONLY_FOR:
+        name += "-small"
+    fn, raw, expected = zoo(name)
+    pc.clear_caches()  # traced again, not taken from an earlier test's executables
+    try:
+        outputs = pc.postprocess_samples(fn, raw, None, strategy)
+    finally:
+        pc.clear_caches()
+    assert calls, "the schedule was not taken"
+    assert_equal_to_pymc(outputs, expected, name)
