@@ -14,10 +14,10 @@ products inside them are seen too; XLA inlines them anyway.
 
 Mapped over draws (`DrawFunction.over_draws`), an elementwise equation (a primitive that
 `jax.vmap` batches by binding it on the batched operands as they are) is bound on the draws'
-arrays directly, and every other run of equations that reads the draws is mapped by one
-`jax.vmap` per draw axis. The program is the one `jax.vmap` gives; only tracing is cheaper,
-by the batch tracer's cost per equation and axis: a model of hundreds of scalars traces in a
-third of the time (docs/strategies.md).
+arrays directly; the other equations that read the draws, and everything that reads their
+results, are mapped together by one `jax.vmap` per draw axis (the tail). The program is the
+one `jax.vmap` gives; only tracing is cheaper, by the batch tracer's cost per equation and
+axis: a model of hundreds of scalars traces in a third of the time (docs/strategies.md).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
@@ -95,7 +96,7 @@ class DrawFunction:
     def schedule(self) -> _Schedule:
         """How `over_draws` evaluates the jaxpr (`_schedule`)."""
         jaxpr = self.closed.jaxpr
-        return _schedule(jaxpr.eqns, dict.fromkeys(jaxpr.invars, True))
+        return _schedule(jaxpr.eqns, jaxpr.outvars, dict.fromkeys(jaxpr.invars, True))
 
     def over_draws(self, n: int) -> Callable:
         """The function of arrays whose `n` leading axes are draws: `n` nested `jax.vmap`s of
@@ -104,10 +105,10 @@ class DrawFunction:
             return _nested_vmap(self.__call__, n)
 
         def mapped(*args: Any) -> list:
+            batch = _draw_axes(args, n)
             closed = self.closed
             env = _env(closed, args, [True] * len(args))
             _run_schedule(self.schedule, *env, n)
-            batch = tuple(args[0].shape[:n])
             return self._select([_batched(env, v, batch) for v in closed.jaxpr.outvars])
 
         return mapped
@@ -120,6 +121,19 @@ def draw_major_fun(closed: Any, outputs: Sequence[int] | None = None) -> DrawFun
     constants the model's data. `outputs`: the indices of the outputs to return.
     """
     return DrawFunction(closed, outputs)
+
+
+def _draw_axes(args: Sequence[Any], n: int) -> tuple[int, ...]:
+    """The `n` draw axes that every argument leads with; a `ValueError` (as `jax.vmap`'s) where
+    they disagree."""
+    shapes = {tuple(np.shape(x)[:n]) for x in args}
+    if len(shapes) != 1 or any(np.ndim(x) < n for x in args):
+        raise ValueError(
+            f"over_draws({n}) got arguments whose {n} leading axes differ: "
+            f"{[np.shape(x) for x in args]}"
+        )
+    (batch,) = shapes
+    return batch
 
 
 # The evaluation state: values by variable, and whether each depends on the draw.
@@ -195,105 +209,116 @@ def _bind(eqn: Any, args: Sequence[Any]) -> list:
     return outs if eqn.primitive.multiple_results else [outs]
 
 
-#: A run mapped by `jax.vmap` costs about as much tracing as binding this many elementwise
+#: The tail mapped by `jax.vmap` costs about as much tracing as binding this many elementwise
 #: equations directly saves (docs/strategies.md).
 EQNS_PER_RUN = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class _Step:
-    """One step of a `_Schedule`: equations that read no draw, bound as they are ("data"); an
-    elementwise equation bound on the draws' arrays ("elementwise"); an inlined call with its
-    own schedule ("call"); or a run of equations mapped by one `jax.vmap` per axis ("run")."""
+    """One step of a `_Schedule`: an equation that reads no draw, bound as it is ("data"); an
+    elementwise equation bound on the draws' arrays ("elementwise"); or an inlined call whose
+    own schedule has no tail ("call": a call with one is computed in the caller's tail, as
+    `jax.vmap` would lay out its results)."""
 
     kind: str
-    eqns: tuple[Any, ...]
+    eqn: Any
     inner: _Schedule | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class _Schedule:
+    """How `over_draws` evaluates equations: `steps` in order, then the `tail` under one
+    `jax.vmap` per draw axis, of which `tail_outputs` are read afterwards."""
+
     steps: tuple[_Step, ...]
-    elementwise: int  # elementwise equations, in calls too
-    runs: int  # runs mapped by `jax.vmap`, in calls too
+    tail: tuple[Any, ...]
+    tail_outputs: tuple[Any, ...]
+    elementwise: int  # elementwise equations bound directly, in calls too
+    effects: bool  # an equation has effects, in calls too
 
     @property
     def pays(self) -> bool:
-        """Whether the equations bound directly save more tracing than the runs cost."""
-        return self.elementwise >= EQNS_PER_RUN * self.runs
+        """Whether the equations bound directly save more tracing than the tail costs. A
+        jaxpr with effects keeps `jax.vmap`, and its order."""
+        return not self.effects and self.elementwise >= EQNS_PER_RUN * bool(self.tail)
 
 
-def _schedule(eqns: Sequence[Any], depends: dict[Any, bool]) -> _Schedule:
+def _schedule(eqns: Sequence[Any], outvars: Sequence[Any], depends: dict[Any, bool]) -> _Schedule:
     """How to evaluate `eqns` over the draw axes, from which variables depend on the draw
     (`depends`, filled in as it goes; the jaxpr's constants are absent: data).
 
-    Equations that read the draw and are neither elementwise nor calls wait in a pending run,
-    mapped at once when an equation needs what they compute, or at the end. Invariant: an
-    equation comes after every equation whose results it reads (the jaxpr is pure: otherwise
-    the order does not matter), and an equation with effects after every pending one."""
+    An equation that reads the draw joins the tail if it is neither elementwise nor a call
+    without a tail, or if it reads what the tail computes. Invariant: every value bound
+    directly has the draw axes in front, as under nested `jax.vmap` (whose rules keep them
+    there for elementwise primitives on operands that have them there), so the program is
+    the one `jax.vmap` gives; a value that `jax.vmap` may leave with the draw axes elsewhere
+    (a scan's outputs, a batched dot's) is computed inside the tail, and so is everything
+    that reads it. The tail is one `jax.vmap`, whose outputs are the jaxpr's, where
+    `jax.vmap` too puts the axes in front. Steps run before the tail: the jaxpr is pure
+    (`_Schedule.pays` refuses one with effects)."""
     steps: list[_Step] = []
-    pending: list[Any] = []
-    elementwise = runs = 0
+    tail: list[Any] = []
+    computing: set[Any] = set()  # what the tail computes
+    elementwise = 0
+    effects = False
 
     def reads_draw(v: Any) -> bool:
         return not isinstance(v, Literal) and depends.get(v, False)
 
-    def flush() -> None:
-        nonlocal runs
-        if pending:
-            steps.append(_Step("run", tuple(pending)))
-            runs += 1
-            pending.clear()
-
     for eqn in eqns:
+        effects = effects or bool(eqn.effects)
         flags = [reads_draw(v) for v in eqn.invars]
-        if not any(flags):  # reads no draw, so nothing pending either
-            steps.append(_Step("data", (eqn,)))
+        if not any(flags):  # reads no draw, so nothing the tail computes either
+            steps.append(_Step("data", eqn))
             continue
         inner = _inner(eqn)
-        if inner is None and not _elementwise(eqn, flags):
-            pending.append(eqn)
+        sub = None
+        if inner is not None:
+            inner_depends = dict(zip(inner.jaxpr.invars, flags))
+            sub = _schedule(inner.jaxpr.eqns, inner.jaxpr.outvars, inner_depends)
+            effects = effects or sub.effects
+        direct = not sub.tail if sub is not None else _elementwise(eqn, flags)
+        if not direct or any(v in computing for v in eqn.invars if not isinstance(v, Literal)):
+            tail.append(eqn)
+            computing.update(eqn.outvars)
             depends.update(dict.fromkeys(eqn.outvars, True))
             continue
-        computing = {v for e in pending for v in e.outvars}
-        if eqn.effects or any(v in computing for v in eqn.invars if not isinstance(v, Literal)):
-            flush()
-        if inner is None:
-            steps.append(_Step("elementwise", (eqn,)))
+        if sub is None:
+            steps.append(_Step("elementwise", eqn))
             elementwise += 1
             depends.update(dict.fromkeys(eqn.outvars, True))
             continue
-        inner_depends = dict(zip(inner.jaxpr.invars, flags))
-        sub = _schedule(inner.jaxpr.eqns, inner_depends)
-        steps.append(_Step("call", (eqn,), sub))
+        steps.append(_Step("call", eqn, sub))
         elementwise += sub.elementwise
-        runs += sub.runs
         for v, w in zip(eqn.outvars, inner.jaxpr.outvars):
             depends[v] = not isinstance(w, Literal) and inner_depends.get(w, False)
-    flush()
-    return _Schedule(tuple(steps), elementwise, runs)
+    tail_outputs = tuple(
+        dict.fromkeys(v for v in outvars if not isinstance(v, Literal) and v in computing)
+    )
+    return _Schedule(tuple(steps), tuple(tail), tail_outputs, elementwise, effects)
 
 
 def _run_schedule(schedule: _Schedule, values: dict, depends: dict, n: int) -> None:
     """`_eval` over `n` leading draw axes, as `schedule` says: the values that depend on the
     draw carry them."""
     for step in schedule.steps:
+        eqn = step.eqn
         if step.kind == "data":
-            _eval(step.eqns, values, depends)
-        elif step.kind == "run":
-            _map_run(step.eqns, values, depends, n)
-        else:
-            (eqn,) = step.eqns
-            with eqn.ctx.manager:
-                if step.kind == "call":
-                    assert step.inner is not None
-                    _call(eqn, values, depends, _scheduled(step.inner, n))
-                    continue
-                flags = [_reads_draw(depends, v) for v in eqn.invars]
-                args = [_read(values, v) for v in eqn.invars]
-                outs = _bind(eqn, _broadcastable(eqn, args, flags, n))
-            for v, x in zip(eqn.outvars, outs):
-                values[v], depends[v] = x, True
+            _eval([eqn], values, depends)
+            continue
+        with eqn.ctx.manager:
+            if step.kind == "call":
+                assert step.inner is not None
+                _call(eqn, values, depends, _scheduled(step.inner, n))
+                continue
+            flags = [_reads_draw(depends, v) for v in eqn.invars]
+            args = [_read(values, v) for v in eqn.invars]
+            outs = _bind(eqn, _broadcastable(eqn, args, flags, n))
+        for v, x in zip(eqn.outvars, outs):
+            values[v], depends[v] = x, True
+    if schedule.tail:
+        _map_run(schedule.tail, schedule.tail_outputs, values, depends, n)
 
 
 def _scheduled(schedule: _Schedule, n: int) -> Callable:
@@ -301,15 +326,17 @@ def _scheduled(schedule: _Schedule, n: int) -> Callable:
     return lambda _eqns, values, depends: _run_schedule(schedule, values, depends, n)
 
 
-def _map_run(eqns: Sequence[Any], values: dict, depends: dict, n: int) -> None:
-    """Evaluate `eqns` (each reads the draw) under one `jax.vmap` per draw axis."""
+def _map_run(
+    eqns: Sequence[Any], outputs: Sequence[Any], values: dict, depends: dict, n: int
+) -> None:
+    """Evaluate `eqns` (each reads the draw) under one `jax.vmap` per draw axis, for their
+    results `outputs`."""
     defined = {v for eqn in eqns for v in eqn.outvars}
     inputs = list(
         dict.fromkeys(
             v for eqn in eqns for v in eqn.invars if not isinstance(v, Literal) and v not in defined
         )
     )
-    outputs = [v for eqn in eqns for v in eqn.outvars]
     flags = [depends[v] for v in inputs]
 
     def run(*args):

@@ -172,8 +172,9 @@ def _scaled_exp(a, s):  # a jitted helper: inlined, its elementwise equations bo
 
 def mixed(a, b, k):
     """Every case of `_broadcastable` and `_schedule`: data, literals, batched scalars among
-    arrays, runs (a cumulative sum, a select, a data product) between elementwise equations,
-    a nested call, outputs that are literals, data or an input."""
+    arrays, a nested call, equations for the tail (a cumulative sum, a select, a data
+    product) and elementwise ones that read it, outputs that are literals, data or an
+    input."""
     c = jnp.cumsum(a)
     return [
         a,  # an input, passed through
@@ -217,7 +218,7 @@ def test_over_draws_is_vmap_bit_for_bit(n, dtype, every_equation_scheduled):
     closed = jax.make_jaxpr(mixed)(*specs)
     fun = draw_major_fun(closed)
     kinds = {step.kind for step in fun.schedule.steps}
-    assert kinds == {"data", "elementwise", "call", "run"}, kinds
+    assert kinds == {"data", "elementwise", "call"} and fun.schedule.tail, fun.schedule
     want = jax.jit(vmap_draws(fun.__call__, n))(*args)  # plain nested vmaps, per draw
     got = jax.jit(fun.over_draws(n))(*args)
     assert len(got) == len(want)
@@ -231,9 +232,9 @@ def test_over_draws_is_vmap_bit_for_bit(n, dtype, every_equation_scheduled):
 
 
 def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
-    """The schedule is taken where the equations bound directly outnumber the runs
+    """The schedule is taken where the equations bound directly pay for the tail
     (`EQNS_PER_RUN`): hundreds of scalars, each transformed, bind directly; a model whose
-    elementwise equations sit between reshapes and reductions keeps `jax.vmap`."""
+    elementwise equations come after slices and reductions keeps `jax.vmap`."""
     from pymc_chunkpost._jaxpr_eval import EQNS_PER_RUN
 
     def scalars(*xs):
@@ -241,7 +242,7 @@ def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
 
     closed = jax.make_jaxpr(scalars)(*[jax.ShapeDtypeStruct((), np.float64)] * 50)
     schedule = draw_major_fun(closed).schedule
-    assert schedule.runs == 0 and schedule.elementwise == 150, schedule  # exp, add, sum
+    assert not schedule.tail and schedule.elementwise == 150, schedule  # exp, add, sum
     assert schedule.pays
 
     def logsumexps(a):
@@ -253,7 +254,7 @@ def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
 
     closed = jax.make_jaxpr(logsumexps)(jax.ShapeDtypeStruct((4, 6), np.float64))
     fun = draw_major_fun(closed)
-    assert fun.schedule.elementwise < EQNS_PER_RUN * fun.schedule.runs, fun.schedule
+    assert fun.schedule.tail and fun.schedule.elementwise < EQNS_PER_RUN, fun.schedule
     assert not fun.schedule.pays
     a = RNG.normal(size=(3, 4, 6))
     np.testing.assert_array_equal(
@@ -261,9 +262,9 @@ def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
     )
 
 
-def test_a_run_waits_until_its_results_are_needed():
-    """Equations that need no pending result do not split a run: one run for both cumulative
-    sums, then the elementwise equation that reads them."""
+def test_what_reads_the_tail_joins_it():
+    """Elementwise equations that do not read the tail bind directly, wherever they stand;
+    one that reads it is computed in it."""
 
     def fun(a):
         e = jnp.exp(a)
@@ -271,6 +272,77 @@ def test_a_run_waits_until_its_results_are_needed():
         return [jnp.log1p(a), c1 * c2]
 
     closed = jax.make_jaxpr(fun)(jax.ShapeDtypeStruct((5,), np.float64))
-    steps = draw_major_fun(closed).schedule.steps
-    assert [s.kind for s in steps] == ["elementwise", "elementwise", "run", "elementwise"]
-    assert [e.primitive.name for e in steps[2].eqns] == ["cumsum", "cumsum"]
+    schedule = draw_major_fun(closed).schedule
+    assert [s.eqn.primitive.name for s in schedule.steps] == ["exp", "log1p"]
+    assert [e.primitive.name for e in schedule.tail] == ["cumsum", "cumsum", "mul"]
+    assert schedule.tail_outputs == (closed.jaxpr.outvars[1],)
+
+
+def _after_scan(x):
+    """A scan's outputs, which `jax.vmap` leaves with the draw axis second, then elementwise
+    equations and a sum over the long axis: bound outside the scan's `jax.vmap`, they would
+    sum in another order."""
+    _, ys = jax.lax.scan(lambda c, t: (c * 0.9 + t, c), 0.0, x)
+    z = ys * 0.5
+    return [jnp.sum(-0.5 * z * z - jnp.log1p(jnp.exp(-z)) + 0.25)]
+
+
+W3 = RNG.normal(size=(16, 64, 8)).astype(np.float32)
+
+
+def _after_batched_dot(m):
+    """A product with batch dimensions (not swapped), then elementwise equations and a sum."""
+    y = jnp.einsum("bij,bj->bi", W3, m)
+    return [jnp.sum(jnp.tanh(y) + 0.1, axis=1)]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize(
+    "fun, shape, pays",
+    [
+        (_after_scan, (512,), False),
+        (_after_batched_dot, (16, 8), False),
+        (
+            lambda x: [jnp.sum(jnp.exp(x * 2.0) + 1.0 - jnp.log1p(x * x))] + _after_scan(x),
+            (512,),
+            True,
+        ),
+    ],
+)
+def test_what_vmap_lays_out_otherwise_stays_in_the_tail(fun, shape, pays, n):
+    """Bit for bit with nested `jax.vmap`, float32, at the default threshold: nothing that
+    reads a scan's or a batched product's results is bound outside the tail."""
+    args = [RNG.normal(size=(4, 50)[-n:] + shape).astype(np.float32)]
+    closed = jax.make_jaxpr(fun)(jax.ShapeDtypeStruct(shape, np.float32))
+    draws = draw_major_fun(closed)
+    assert draws.schedule.pays == pays, draws.schedule
+    got = jax.jit(draws.over_draws(n))(*args)
+    want = jax.jit(_nested(draws, n))(*args)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def _nested(draws, n):
+    from pymc_chunkpost._jaxpr_eval import _nested_vmap
+
+    return _nested_vmap(draws.__call__, n)
+
+
+def test_a_jaxpr_with_effects_keeps_vmap():
+    def fun(a):
+        jax.debug.callback(lambda v: None, a, ordered=True)
+        return [jnp.exp(a) + 1.0 for _ in range(10)]
+
+    closed = jax.make_jaxpr(fun)(jax.ShapeDtypeStruct((3,), np.float64))
+    schedule = draw_major_fun(closed).schedule
+    assert schedule.effects and schedule.elementwise >= 20
+    assert not schedule.pays
+
+
+def test_draw_axes_that_differ_are_an_error(every_equation_scheduled):
+    closed = jax.make_jaxpr(lambda x, y: [x * y + 1.0])(
+        jax.ShapeDtypeStruct((3,), np.float32), jax.ShapeDtypeStruct((), np.float32)
+    )
+    mapped = draw_major_fun(closed).over_draws(1)
+    with pytest.raises(ValueError, match="leading axes differ"):
+        mapped(np.ones((1, 3), np.float32), np.arange(4, dtype=np.float32))
