@@ -268,6 +268,9 @@ def _run_shard_by_shard(
     index = sharding.addressable_devices_indices_map(problem.in_specs[0].shape)
     shards = _shards(samples, problem)
     budget = _shard_budget(memory_budget, len(shards))
+    # Whatever computes the draws (the sampler, on every device) has finished before the
+    # first shard is dispatched: the deadlock needs only two devices' LAPACK kernels at once.
+    jax.block_until_ready([x for x in samples if isinstance(x, jax.Array)])
     results: list[list[Any]] = []
     plans: list[Plan] = []
     for local in shards.values():
