@@ -66,9 +66,9 @@ def vmap_draws(fn: Callable, n: int) -> Callable:
     return _nested_vmap(fn, n)
 
 
-def _nested_vmap(fn: Callable, n: int) -> Callable:
+def _nested_vmap(fn: Callable, n: int, in_axes: Any = 0) -> Callable:
     for _ in range(n):
-        fn = jax.vmap(fn)
+        fn = jax.vmap(fn, in_axes=in_axes)
     return fn
 
 
@@ -345,10 +345,8 @@ def _map_run(
         _eval(eqns, inner_values, inner_depends)
         return [inner_values[v] for v in outputs]
 
-    axes = [0 if flag else None for flag in flags]
-    for _ in range(n):
-        run = jax.vmap(run, in_axes=axes)
-    for v, x in zip(outputs, run(*[values[v] for v in inputs])):
+    mapped = _nested_vmap(run, n, [0 if flag else None for flag in flags])
+    for v, x in zip(outputs, mapped(*[values[v] for v in inputs])):
         values[v], depends[v] = x, True
 
 
