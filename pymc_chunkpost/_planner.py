@@ -123,6 +123,9 @@ def cache_bytes() -> int:
 #: and at least 8 MiB (smaller chunks lose to XLA's per-kernel dispatch on every chunk, larger
 #: ones to cache misses: the sweep over 8 models in docs/strategies.md).
 TARGET_CHUNK_BYTES = max(2 * cache_bytes(), 8 * 2**20)
+#: The rule's size goes down to a divisor of the draws that lies within this fraction below
+#: it, rather than up past the target (`_rule_divisor`).
+ROUND_DOWN_WITHIN = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,16 +437,23 @@ def _divisor_near(n: int, target: int) -> int:
     return target
 
 
-def _divisor_nearest(n: int, target: int) -> int:
-    """The divisor of `n` nearest to `target` by ratio, within a factor of 2; else `target`.
+def _rule_divisor(n: int, target: int) -> int:
+    """The rule's size `target` rounded to a divisor of `n` (no overlapping last chunk): the
+    largest divisor at most `target` and within `ROUND_DOWN_WITHIN` below it, else the
+    divisor nearest by ratio within a factor of 2, else `target` itself (a prime count).
 
-    The rule's size is a target, not a limit (the compiled peak is checked against the budget
-    after): rounding 3 down to 2 would cost a third of the work per chunk, up to 4 a third more.
+    Past the target a chunk's working set leaves the cache and the time per draw climbs
+    (docs/strategies.md, "Rounding to a divisor"); below it only the loop's cost per chunk
+    grows, which matters where the next divisor down is far: 3 goes to 4, not 2, which
+    would cost a third of the work per chunk.
     """
     target = max(1, min(target, n))
     divisors = [d for d in range(max(target // 2, 1), min(2 * target, n) + 1) if n % d == 0]
     if not divisors:
         return target
+    below = [d for d in divisors if (1 - ROUND_DOWN_WITHIN) * target <= d <= target]
+    if below:
+        return max(below)
     return min(divisors, key=lambda d: abs(math.log(d / target)))
 
 
@@ -537,7 +547,7 @@ def _rule_chunk(
             f"; a host loop of at most {HOST_LOOP_MAX_CHUNKS} chunks over "
             f"{problem.n_buffers} buffers"
         )
-    return _divisor_nearest(n, size), why
+    return _rule_divisor(n, size), why
 
 
 def _compile(

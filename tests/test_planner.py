@@ -639,12 +639,27 @@ def test_a_fixed_strategy_over_an_explicit_budget_is_refused_before_work(built):
 
 @pytest.mark.parametrize(
     "n, target, size",
-    [(4000, 3, 4), (4000, 7, 8), (4000, 12, 10), (4000, 5000, 4000), (997, 10, 10), (12, 1, 1)],
+    [
+        # down to a divisor within a quarter below: the working set stays within the target
+        (4000, 18, 16),
+        (4000, 6, 5),
+        (4000, 41, 40),
+        (4000, 167, 160),
+        (4000, 12, 10),
+        (4000, 5000, 4000),
+        # none that near below: the nearest by ratio, within a factor of 2
+        (4000, 3, 4),
+        (4000, 7, 8),
+        # none at all (a prime count): the size itself
+        (997, 10, 10),
+        (12, 1, 1),
+    ],
 )
-def test_rule_rounds_to_the_nearest_divisor(n, target, size):
-    """The rule's size goes to the divisor of the draws nearest by ratio, within a factor of
-    2 (no overlapping last chunk), or stays as it is when there is none (a prime count)."""
-    assert _planner._divisor_nearest(n, target) == size
+def test_rule_rounds_to_a_divisor_preferring_one_below(n, target, size):
+    """The rule's size goes to the largest divisor of the draws within `ROUND_DOWN_WITHIN`
+    below it, else the nearest by ratio within a factor of 2 (no overlapping last chunk), or
+    stays as it is when there is none."""
+    assert _planner._rule_divisor(n, target) == size
 
 
 @pytest.mark.parametrize(
