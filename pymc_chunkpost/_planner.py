@@ -99,6 +99,10 @@ TUNE_MIN_SECONDS = 3.0
 #: one untimed warm-up chunk of each): shorter windows are lost in the noise of a busy machine.
 TUNE_CHUNKS = 2
 TUNE_WINDOW_SECONDS = 0.05
+#: A tuned run that took less than this fraction of `TUNE_MIN_SECONDS` in all was projected
+#: long from first chunks that ran far slower than the rest (the machine stalled): what it
+#: measured is not kept, and the tuning cache gets the rule's size.
+TUNE_TRUST_FRACTION = 0.5
 #: Spread single-device draws over local accelerators only when the outputs and temporaries
 #: of the whole run come to at least this much work.
 SPREAD_MIN_BYTES = 64 * 2**20
@@ -815,6 +819,8 @@ class Tuner:
         self._tried = [size]
         self._up = True
         self._start = 0
+        self._began: float | None = None  # when the run asked for its first chunk
+        self._trusted = True
         self._pending: concurrent.futures.Future | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.timing = True  # the executor times chunks while this is set
@@ -834,10 +840,13 @@ class Tuner:
 
     @property
     def measured(self) -> bool:
-        return len(self.seconds_per_draw) > 1
+        """More than one size was timed, over a run that bears the measurement out."""
+        return len(self.seconds_per_draw) > 1 and self._trusted
 
     def next_step(self, start: int) -> Executable:
         """The compiled step for the chunk at item `start`."""
+        if self._began is None:
+            self._began = time.perf_counter()
         self._start = start
         if self._pending is not None and self._pending.done():
             candidate = self._pending.result()
@@ -920,16 +929,26 @@ class Tuner:
             release(step)
 
     def close(self) -> None:
-        """End tuning (waiting for a compile in flight) and store what was measured."""
+        """End tuning (waiting for a compile in flight) and store what was measured, unless
+        the whole run took under `TUNE_TRUST_FRACTION` of `TUNE_MIN_SECONDS`: then its first
+        chunks, which started the tuning, were not the run's speed, and the rule's size is
+        stored instead."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         rates = self.seconds_per_draw
-        if rates:
+        elapsed = 0.0 if self._began is None else time.perf_counter() - self._began
+        self._trusted = elapsed >= TUNE_TRUST_FRACTION * TUNE_MIN_SECONDS
+        if rates and self._trusted:
             self.best = min(rates, key=rates.__getitem__)
+        else:
+            self.best = self._tried[0]
         why = (
             f"measured fastest of {sorted(rates)} draws per chunk"
             if self.measured
             else "the compiled-analysis rule; the run was too short to tune"
+            if self._trusted
+            else "the compiled-analysis rule; the run was far shorter than its first chunks "
+            "projected, so what they measured is not kept"
         )
         entry = {"loop": self.steps[self.best].loop.value, "chunk_size": self.best, "why": why}
         _tuning.store(

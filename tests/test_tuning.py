@@ -56,6 +56,21 @@ def timed(monkeypatch):
     return table
 
 
+@pytest.fixture
+def ran_steps(monkeypatch):
+    """Every compiled step the tuner hands the executor, in order."""
+    ran = []
+    real = _planner.Tuner.next_step
+
+    def next_step(self, start):
+        step = real(self, start)
+        ran.append(step)
+        return step
+
+    monkeypatch.setattr(_planner.Tuner, "next_step", next_step)
+    return ran
+
+
 # Three models of different kinds, each with the best chunk in another place.
 TUNED = [("data_regression", 2), ("structured", 16), ("transforms", 64)]
 
@@ -85,7 +100,35 @@ def test_a_short_run_is_not_tuned(wide, monkeypatch):
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_candidates_over_the_budget_never_run(built, timed, monkeypatch):
+def test_a_run_far_shorter_than_its_first_chunks_projected_keeps_the_rules_size(
+    built, timed, ran_steps, cache, monkeypatch
+):
+    """First chunks timed through a stall of the machine project a long run and start the
+    tuner; when the whole run then takes under `TUNE_TRUST_FRACTION` of `TUNE_MIN_SECONDS`,
+    what it measured is not kept: the plan and the tuning cache get the rule's size, and the
+    next run starts from it."""
+    model, jax_fn = built("structured")
+    timed["f"] = lambda size: 1e4 * _table(64)(size)  # seconds per draw, as in a stall
+    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", 1e3)  # projected: 4,000 s and more
+    raw = models.raw_draws(model, 4, 1000)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
+    assert {step.chunk_size for step in ran_steps} > {8}  # the tuner did run other sizes
+    assert plan.source == "rule" and plan.chunk_size == 8, plan.reason
+    assert len(plan.tuning_seconds) > 1  # what was timed is still reported
+    assert_same(outputs, reference(jax_fn, raw))
+    (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    assert entry["chunk_size"] == 8 and "not kept" in entry["why"]
+    _, again = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
+    assert again.source == "cache" and again.chunk_size == 8
+    # The same run with the measurement trusted keeps what it measured.
+    for path in cache.glob("*.json"):
+        path.unlink()
+    monkeypatch.setattr(_planner, "TUNE_TRUST_FRACTION", 0.0)
+    _, trusted = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
+    assert trusted.source == "measured" and trusted.chunk_size != 8
+
+
+def test_candidates_over_the_budget_never_run(built, timed, ran_steps, monkeypatch):
     """A candidate's compiled peak is checked before it runs: with a budget just above the
     rule's own chunk, larger chunks are compiled, found too big, and never run."""
     model, jax_fn = built("data_regression")
@@ -93,19 +136,10 @@ def test_candidates_over_the_budget_never_run(built, timed, monkeypatch):
     raw = models.raw_draws(model, 4, 250)
     first = _postprocess.plan(jax_fn, raw, memory_budget=2**32)
     monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
-    ran = []
-    real = _planner.Tuner.next_step
-
-    def next_step(self, start):
-        step = real(self, start)
-        ran.append(step.peak_bytes)
-        return step
-
-    monkeypatch.setattr(_planner.Tuner, "next_step", next_step)
     problem = problem_of(jax_fn, raw)
     budget = problem.output_bytes + 3 * 2**16
     outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=budget)
-    assert max(ran) <= budget and plan.peak_bytes <= budget
+    assert max(step.peak_bytes for step in ran_steps) <= budget and plan.peak_bytes <= budget
     assert_same(outputs, reference(jax_fn, raw))
     del first
 
