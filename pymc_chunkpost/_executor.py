@@ -76,6 +76,19 @@ SEGMENT_SECONDS = 0.25
 #: (compiled beside the step), which writes them faster than the host's copy does: the
 #: host's copy costs more per byte, the program a fixed compile (docs/strategies.md).
 HOST_ZEROS_MAX_BYTES = 48 * 2**20
+#: The "vmap" strategy runs as one vmap over the flattened chain x draw axis when the results
+#: of gathers and scatters of the draws' values come to at least this much (on a CPU, over all
+#: its devices): under two batch dimensions XLA lays them out transposed and copies them into
+#: the outputs. Below it the copy costs less than flattening does, in compile time and, on
+#: jaxlib 0.10, in memory that XLA's analysis does not count (docs/strategies.md).
+FLATTEN_MIN_GATHERED_BYTES = 8 * 2**20
+
+
+def flattens_vmap(problem: Problem) -> bool:
+    """Whether the "vmap" strategy runs over the flattened chain x draw axis for `problem`
+    (`FLATTEN_MIN_GATHERED_BYTES`)."""
+    sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
+    return sharing * problem.n_local * problem.gathered_bytes >= FLATTEN_MIN_GATHERED_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +267,7 @@ def compile_executable(
             ).lower()
     else:
         host_init = None
-        flat = strategy == "vmap" and problem.gathers_draws
+        flat = strategy == "vmap" and flattens_vmap(problem)
         whole_chains = problem.placement.spec[1] is None
         strategy_fn = flat_vmap if flat else STRATEGY_TABLE[strategy]
         n_shards = problem.n_shards

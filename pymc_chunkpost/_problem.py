@@ -111,7 +111,8 @@ class Problem:
             on-disk tuning cache.
         jaxpr: the per-draw function as traced once here. The executor compiles from it,
             so a Python-heavy function (a jaxified pytensor graph) is traced only once.
-        gathers_draws: whether the function gathers or scatters values of the draw.
+        gathered_bytes: per draw, the bytes of the results of gathers and scatters of the
+            draw's values (`a[idx]`, row-indexed group effects); 0 where there are none.
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -122,7 +123,7 @@ class Problem:
     shared_bytes: int = 0
     fingerprint: str = dataclasses.field(default="", compare=False, repr=False)
     jaxpr: Any = dataclasses.field(default=None, compare=False, repr=False)
-    gathers_draws: bool = dataclasses.field(default=False, compare=False)
+    gathered_bytes: int = dataclasses.field(default=0, compare=False)
 
     @property
     def device(self) -> jax.Device:
@@ -211,7 +212,7 @@ class _Trace:
     intermediate_bytes: int
     shared_bytes: int
     fingerprint: str
-    gathers_draws: bool
+    gathered_bytes: int
 
 
 def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placement) -> Problem:
@@ -244,7 +245,7 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
         trace.shared_bytes,
         fingerprint=trace.fingerprint,
         jaxpr=trace.jaxpr,
-        gathers_draws=trace.gathers_draws,
+        gathered_bytes=trace.gathered_bytes,
     )
     _ANALYSES.put(jax_fn, key, problem)
     return problem
@@ -261,7 +262,7 @@ def _trace(jax_fn: Callable, per_draw: Sequence[jax.ShapeDtypeStruct]) -> _Trace
         intermediate_bytes=_intermediate_bytes(closed.jaxpr),
         shared_bytes=sum(int(getattr(c, "nbytes", 0)) for c in closed.consts),
         fingerprint=f"{closed.jaxpr}|{consts}",
-        gathers_draws=_gathers_draws(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
+        gathered_bytes=_gathered_bytes(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
     )
 
 
@@ -320,25 +321,33 @@ def _is_gather(name: str) -> bool:
     return name in _GATHERS or name.startswith("scatter")
 
 
-def _gathers_draws(jaxpr, draw_inputs: list[bool]) -> bool:
-    """Whether `jaxpr` gathers or scatters values that depend on the inputs flagged in
-    `draw_inputs`. Jitted calls are followed argument by argument; any other nested jaxpr
-    (control flow, custom derivatives) counts when it gathers at all and reads the draw."""
+def _result_bytes(eqn) -> int:
+    return sum(
+        int(np.prod(v.aval.shape, dtype=np.int64)) * v.aval.dtype.itemsize
+        for v in eqn.outvars
+        if hasattr(v.aval, "shape")
+    )
+
+
+def _gathered_bytes(jaxpr, draw_inputs: list[bool]) -> int:
+    """Bytes of the results of the gathers and scatters in `jaxpr` that read the inputs
+    flagged in `draw_inputs`. Jitted calls are followed argument by argument; in any other
+    nested jaxpr (control flow, custom derivatives) that reads the draw, every gather counts."""
     depends = dict(zip(jaxpr.invars, draw_inputs))
+    total = 0
     for eqn in jaxpr.eqns:
         flags = [not isinstance(v, Literal) and depends.get(v, False) for v in eqn.invars]
         reads_draw = any(flags)
         if eqn.primitive.name in CALLS:
             inner = eqn.params["jaxpr"]
-            if _gathers_draws(getattr(inner, "jaxpr", inner), flags):
-                return True
-        elif reads_draw and any(_gathers_anything(j) for j in _nested(eqn.params)):
-            return True
+            total += _gathered_bytes(getattr(inner, "jaxpr", inner), flags)
+        elif reads_draw:
+            total += sum(_all_gathered_bytes(j) for j in _nested(eqn.params))
         if reads_draw and _is_gather(eqn.primitive.name):
-            return True
+            total += _result_bytes(eqn)
         for v in eqn.outvars:
             depends[v] = reads_draw
-    return False
+    return total
 
 
 def _nested(params) -> list:
@@ -361,9 +370,10 @@ def uses_primitives(jaxpr, names: frozenset[str]) -> bool:
     )
 
 
-def _gathers_anything(jaxpr) -> bool:
-    return any(
-        _is_gather(eqn.primitive.name) or any(_gathers_anything(j) for j in _nested(eqn.params))
+def _all_gathered_bytes(jaxpr) -> int:
+    return sum(
+        (_result_bytes(eqn) if _is_gather(eqn.primitive.name) else 0)
+        + sum(_all_gathered_bytes(j) for j in _nested(eqn.params))
         for eqn in jaxpr.eqns
     )
 

@@ -34,8 +34,9 @@ def flat_vmap(
     fn: Callable, samples: Sequence[jax.Array], chunk_size: int | None, progress: _Progress
 ) -> list[jax.Array]:
     """The "vmap" strategy as one vmap over the flattened chain x draw axis, for a function
-    that gathers or scatters a draw's values: under two batch dimensions XLA lays such results
-    out transposed and copies them into the outputs (docs/strategies.md)."""
+    whose gathers and scatters of a draw's values write much (`flattens_vmap`): under two
+    batch dimensions XLA lays such results out transposed and copies them into the outputs
+    (docs/strategies.md)."""
     del chunk_size, progress
     return _over_flat(vmap_draws(fn, 1), samples)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import models
@@ -10,6 +12,7 @@ import pytest
 from helpers import assert_same, compile_for, reference
 from jax.extend.core import jaxpr_as_fun
 
+from pymc_chunkpost._executor import FLATTEN_MIN_GATHERED_BYTES, flattens_vmap
 from pymc_chunkpost._jaxpr_eval import draw_major_fun
 
 RNG = np.random.default_rng(0)
@@ -74,20 +77,38 @@ def _run(jax_fn, raw):
     return _postprocess.run(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
 
 
-def _gathers(fn, *shapes):
-    from pymc_chunkpost._problem import _gathers_draws
+def _gathered(fn, *shapes):
+    from pymc_chunkpost._problem import _gathered_bytes
 
     closed = jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(s, np.float64) for s in shapes])
-    return _gathers_draws(closed.jaxpr, [True] * len(shapes))
+    return _gathered_bytes(closed.jaxpr, [True] * len(shapes))
 
 
-def test_gathers_from_draws_is_read_from_the_jaxpr():
+def test_gathered_bytes_are_read_from_the_jaxpr():
     idx = np.array([0, 2, 2, 1])
-    assert _gathers(lambda a: a[idx], (3,))
-    assert _gathers(lambda a: jax.jit(lambda b: b[idx] + 1.0)(a), (3,))  # nested
-    assert _gathers(lambda a: jnp.zeros(3).at[idx].add(a), (4,))  # a scatter of a draw's values
-    assert not _gathers(lambda a: X[idx] * a, (4,))  # from the data only
-    assert not _gathers(lambda a: X @ a, (4,))
+    assert _gathered(lambda a: a[idx], (3,)) == 4 * 8
+    assert _gathered(lambda a: jax.jit(lambda b: b[idx] + 1.0)(a), (3,)) == 4 * 8  # nested
+    assert _gathered(lambda a: jnp.zeros(3).at[idx].add(a), (4,)) == 3 * 8  # a scatter
+    assert _gathered(lambda a: (a[idx], a[idx[:2]]), (3,)) == 6 * 8  # every gather counts
+    assert _gathered(lambda a: X[idx] * a, (4,)) == 0  # from the data only
+    assert _gathered(lambda a: X @ a, (4,)) == 0
+
+
+def test_only_large_gathers_flatten_the_vmap():
+    """A row-indexed mean over every draw flattens the chain x draw axis; an ordered
+    transform's 3-element scatter (the mixture) keeps pymc's vmap of a vmap."""
+    from pymc_chunkpost.profiling import fixtures
+
+    mixture = fixtures.mixture()
+    jax_fn = models.jax_fn(mixture)
+    raw = models.raw_draws(mixture, 4, 250)
+    problem = compile_for(jax_fn, raw, "vmap").problem
+    assert 0 < problem.n_local * problem.gathered_bytes < FLATTEN_MIN_GATHERED_BYTES
+    assert not flattens_vmap(problem)
+    outputs, _ = _run(jax_fn, raw)
+    assert_same(outputs, reference(jax_fn, raw), rtol=1e-12)
+    problem = dataclasses.replace(problem, gathered_bytes=FLATTEN_MIN_GATHERED_BYTES)
+    assert flattens_vmap(problem)
 
 
 def test_a_row_indexed_mean_is_written_in_place():
@@ -105,7 +126,7 @@ def test_a_row_indexed_mean_is_written_in_place():
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 250)
     exe = compile_for(jax_fn, raw, "vmap")
-    assert exe.problem.gathers_draws
+    assert flattens_vmap(exe.problem)
     assert exe.temp_bytes < exe.problem.output_bytes / 10, exe.temp_bytes
     nested = jax.jit(jax.vmap(jax.vmap(jax_fn))).lower(*raw).compile()
     temps = nested.memory_analysis().temp_size_in_bytes
@@ -156,9 +177,10 @@ def test_the_draw_comes_first_with_its_settings():
 
 def test_gathers_inside_control_flow_and_other_scatters_count():
     idx = np.array([0, 2, 2, 1])
-    assert _gathers(lambda a: jax.lax.cond(a[0] > 0, lambda x: x[idx], lambda x: -x[idx], a), (3,))
-    assert _gathers(lambda a: jnp.ones(3).at[idx].multiply(a), (4,))
-    assert not _gathers(lambda a: jax.lax.cond(a[0] > 0, lambda x: x * 2, lambda x: x, a), (3,))
+    both = _gathered(lambda a: jax.lax.cond(a[0] > 0, lambda x: x[idx], lambda x: -x[idx], a), (3,))
+    assert both == 2 * 4 * 8  # each branch's gather, as either may run
+    assert _gathered(lambda a: jnp.ones(3).at[idx].multiply(a), (4,)) == 3 * 8
+    assert _gathered(lambda a: jax.lax.cond(a[0] > 0, lambda x: x * 2, lambda x: x, a), (3,)) == 0
 
 
 # --------------------------------------------------------------------------------------------
