@@ -9,14 +9,23 @@ draw (`memory_analysis()` of the first size) beside the jaxpr's bound, and the s
 from the compiled temporaries. Warm runs: compile time is not in the times (docs/zoo.md
 measures `auto` cold, compiles included).
 
+With `--cold`, every run is one call in a fresh Python process, timed as `bench_zoo.py`
+times its child's (JAX's first lowering paid before, then the call from just before it to
+`block_until_ready`: tracing, compiling and running), the sizes round-robin in each of
+`--repeats` rounds; the table gives each size's median over the best median.
+
     python benchmarks/chunk_sweep.py                   # the models of docs/strategies.md
     python benchmarks/chunk_sweep.py --case 'gp:{"n_points": 250}:1,2,4,8,16,32'
+    python benchmarks/chunk_sweep.py --cold --repeats 5 --case 'gp:{}:1,2,8,25'
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -39,11 +48,32 @@ CASES = [
 TARGETS_MIB = (4, 8, 16)
 
 
-def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int) -> dict:
+def _model(name: str, kwargs: dict):
     model = getattr(fixtures, name)(**kwargs)
     fn = fixtures.jax_fn(model)
     draws = [jax.numpy.asarray(x) for x in fixtures.raw_draws(model, 4, 1000, 0)]
     jax.block_until_ready(draws)
+    return fn, draws
+
+
+def child(name: str, kwargs: dict, size: int) -> float:
+    """One cold call in this fresh process: its seconds, compile included."""
+    fn, draws = _model(name, kwargs)
+    jax.block_until_ready(jax.jit(lambda x: x + 1).lower(draws[-1]).compile()(draws[-1]))
+    tic = time.perf_counter()
+    outputs, _ = _postprocess.run(fn, draws, None, "chunked", True, chunk_size=size)
+    jax.block_until_ready(outputs)
+    return time.perf_counter() - tic
+
+
+def _cold_run(name: str, kwargs: dict, size: int) -> float:
+    command = [sys.executable, __file__, "--child", json.dumps([name, kwargs, size])]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int, cold: bool = False) -> dict:
+    fn, draws = _model(name, kwargs)
     problem, _ = _postprocess._validate(fn, draws, None)
 
     def run(size: int) -> float:
@@ -54,12 +84,19 @@ def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int) -> dict:
 
     first = compile_executable(fn, problem, "chunked", Loop.XLA, sizes[0])
     compiled = first.temp_bytes / sizes[0]
-    for size in sizes:
-        run(size)  # compile and warm up
     times: dict[int, float] = {size: float("inf") for size in sizes}
-    for _ in range(repeats):
+    if cold:
+        runs: dict[int, list[float]] = {size: [] for size in sizes}
+        for _ in range(repeats):
+            for size in sizes:
+                runs[size].append(_cold_run(name, kwargs, size))
+        times = {size: statistics.median(ts) for size, ts in runs.items()}
+    else:
         for size in sizes:
-            times[size] = min(times[size], run(size))
+            run(size)  # compile and warm up
+        for _ in range(repeats):
+            for size in sizes:
+                times[size] = min(times[size], run(size))
     best = min(times.values())
     rules = {}
     default = _planner.TARGET_CHUNK_BYTES
@@ -80,6 +117,7 @@ def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int) -> dict:
         "shared_mib": problem.shared_bytes / 2**20,
         "best_seconds": best,
         "relative": {size: t / best for size, t in times.items()},
+        "cold": cold,
         "rule_sizes": rules,
     }
 
@@ -112,7 +150,13 @@ def main() -> None:
         help="builder:json-kwargs:sizes, e.g. 'gp:{}:1,2,4' (repeatable; default: CASES)",
     )
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--cold", action="store_true", help="each run in a fresh process")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        name, kwargs, size = json.loads(args.child)
+        print(child(name, kwargs, size))
+        return
     cases = CASES
     if args.case:
         cases = []
@@ -122,7 +166,7 @@ def main() -> None:
             cases.append((name, json.loads(kwargs), [int(s) for s in sizes.split(",")]))
     rows = []
     for name, kwargs, sizes in cases:
-        rows.append(sweep(name, kwargs, sizes, args.repeats))
+        rows.append(sweep(name, kwargs, sizes, args.repeats, args.cold))
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
