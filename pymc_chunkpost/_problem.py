@@ -299,6 +299,11 @@ _MATERIALISING = frozenset(
 )
 
 
+def _aval_bytes(aval) -> int:
+    # `dtype.itemsize`, not `np.dtype(...)`: extended dtypes (PRNG keys) have no NumPy dtype.
+    return math.prod(aval.shape) * aval.dtype.itemsize
+
+
 def _intermediate_bytes(jaxpr) -> int:
     """Bytes of materialising intermediates, nested jaxprs included."""
     outvars = {id(v) for v in jaxpr.outvars}
@@ -310,7 +315,7 @@ def _intermediate_bytes(jaxpr) -> int:
         if eqn.primitive.name in _MATERIALISING or nested:
             for v in eqn.outvars:
                 if id(v) not in outvars and hasattr(v.aval, "shape"):
-                    total += int(np.prod(v.aval.shape, dtype=np.int64)) * v.aval.dtype.itemsize
+                    total += _aval_bytes(v.aval)
     return total
 
 
@@ -322,11 +327,7 @@ def _is_gather(name: str) -> bool:
 
 
 def _result_bytes(eqn) -> int:
-    return sum(
-        int(np.prod(v.aval.shape, dtype=np.int64)) * v.aval.dtype.itemsize
-        for v in eqn.outvars
-        if hasattr(v.aval, "shape")
-    )
+    return sum(_aval_bytes(v.aval) for v in eqn.outvars if hasattr(v.aval, "shape"))
 
 
 def _gathered_bytes(jaxpr, draw_inputs: list[bool]) -> int:
