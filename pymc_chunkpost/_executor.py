@@ -87,8 +87,8 @@ FLATTEN_MIN_GATHERED_BYTES = 8 * 2**20
 def flattens_vmap(problem: Problem) -> bool:
     """Whether the "vmap" strategy runs over the flattened chain x draw axis for `problem`
     (`FLATTEN_MIN_GATHERED_BYTES`)."""
-    sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
-    return sharing * problem.n_local * problem.gathered_bytes >= FLATTEN_MIN_GATHERED_BYTES
+    gathered = problem.memory_sharing * problem.n_local * problem.gathered_bytes
+    return gathered >= FLATTEN_MIN_GATHERED_BYTES
 
 
 @dataclasses.dataclass(frozen=True)

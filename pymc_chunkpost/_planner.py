@@ -662,8 +662,7 @@ def first_attempt(
     n = problem.n_local
     per_item_temp = float(problem.intermediate_bytes)
     comfortable = COMFORT_FRACTION * limit
-    # On a CPU every shard's temporaries go through the one memory system they share.
-    sharing = problem.n_local_shards if problem.device.platform == "cpu" else 1
+    sharing = problem.memory_sharing
     if planned and _vmap_may_fit(problem, sharing):
         whole = _compile(jax_fn, problem, "vmap", Loop.NONE, None, donate, progress, stored=stored)
         if whole is not None:

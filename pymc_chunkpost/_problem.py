@@ -168,6 +168,12 @@ class Problem:
         index = placement.sharding.addressable_devices_indices_map(shape)
         return len({tuple(s.indices(n) for s, n in zip(i or (), shape)) for i in index.values()})
 
+    @property
+    def memory_sharing(self) -> int:
+        """Shards whose work goes through one memory system: on a CPU, every local shard
+        (its devices share one RAM); on an accelerator, one (each device has its own)."""
+        return self.n_local_shards if self.device.platform == "cpu" else 1
+
     @functools.cached_property
     def input_bytes(self) -> int:
         return sum(nbytes(s) for s in self.in_specs)
