@@ -37,6 +37,7 @@ __all__ = [
     "Executable",
     "compile_executable",
     "execute",
+    "has_library_fusions",
     "persist",
     "release",
     "distrust_foreign",
@@ -82,6 +83,14 @@ HOST_ZEROS_MAX_BYTES = 48 * 2**20
 #: the outputs. Below it the copy costs less than flattening does, in compile time and, on
 #: jaxlib 0.10, in memory that XLA's analysis does not count (docs/strategies.md).
 FLATTEN_MIN_GATHERED_BYTES = 8 * 2**20
+#: XLA's CPU compiler hands some fusions to a kernel library (YNNPACK: `__ynn_fusion` in the
+#: compiled HLO). Its reductions materialise their operands, which is far faster on a long
+#: reduction and far slower on a short one inside a chunk loop (a row-indexed model's sum over
+#: 3 slopes per row ran 2.5x slower with them: docs/strategies.md). These compiler options
+#: turn them all off for one executable; nothing else in the process changes.
+NO_LIBRARY_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+#: What marks a library fusion in the compiled HLO's text.
+LIBRARY_FUSION_MARK = "__ynn_fusion"
 
 
 def flattens_vmap(problem: Problem) -> bool:
@@ -121,6 +130,8 @@ class Executable:
             `(samples, start) -> chunk outputs` whose results are streamed into numpy
             arrays (`_host_output.stream_to_host`); nothing is donated to it.
         origin: where `compiled` came from.
+        library_fusions: whether XLA's CPU library fusions were left on (the default);
+            False: compiled with `NO_LIBRARY_FUSIONS`.
         to_store: what `persist` hands to the on-disk store, (slot, lowered, compiled)
             each; emptied once handed over, or by `release` for a candidate the planner
             rejects, so that no lowered module (a copy of the program's constants) stays
@@ -143,6 +154,7 @@ class Executable:
     init: Any = None
     output_memory: str = "device"
     origin: Origin = Origin.COMPILED
+    library_fusions: bool = True
     to_store: list[tuple[Any, Any, Any]] = dataclasses.field(default_factory=list, compare=False)
 
     @property
@@ -175,6 +187,7 @@ def compile_executable(
     output_memory: str = "device",
     segmented: bool = False,
     stored: bool = False,
+    library_fusions: bool = True,
 ) -> Executable:
     """Compile (or fetch from the cache) `strategy` for `problem`; nothing runs.
 
@@ -183,12 +196,21 @@ def compile_executable(
     (a callback inside the loop would cost more: docs/strategies.md). `output_memory="host"`
     compiles the chunk step whose outputs are streamed to host memory (`Loop.HOST`, one
     device, nothing donated). With `stored`, an executable that `persist` stored on disk
-    before is loaded instead of compiled.
+    before is loaded instead of compiled. `library_fusions=False` compiles the step with
+    `NO_LIBRARY_FUSIONS` (an XLA loop on a CPU only).
+
+    Raises:
+        jax.errors.JaxRuntimeError: where XLA fails, or, with `library_fusions=False`, does
+            not know `NO_LIBRARY_FUSIONS`' option.
     """
     donate = tuple(donate)
     loop = Loop(loop)
     segments = loop is Loop.XLA and (progress or segmented)
-    key = (problem, strategy, loop, chunk_size, donate, progress, output_memory, segments)
+    if not library_fusions and (loop is not Loop.XLA or problem.device.platform != "cpu"):
+        raise ValueError("Only an XLA loop on a CPU compiles without library fusions.")
+    key: tuple = (problem, strategy, loop, chunk_size, donate, progress, output_memory, segments)
+    if not library_fusions:  # a new key only where it differs: the default's keys stay
+        key += ("no library fusions",)
     cached = _EXECUTABLES.get(jax_fn, key)
     if cached is not None:
         return cached
@@ -334,7 +356,8 @@ def compile_executable(
             None if make_outputs is None or init is not None else pool.submit(make_outputs.compile)
         )
         if compiled is None:
-            compiled = lowered.compile()
+            options = {} if library_fusions else NO_LIBRARY_FUSIONS
+            compiled = lowered.compile(compiler_options=options)
         if pending is not None:
             init = pending.result()
     to_store = [
@@ -361,6 +384,7 @@ def compile_executable(
         problem=problem,
         init=init,
         origin=_origin(moved, found),
+        library_fusions=library_fusions,
         to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
@@ -370,6 +394,15 @@ def compile_executable(
         programs = [c if x is None else x[1] for c, x in zip((compiled, init), loads)]
         _BY_DEVICE_KIND.put(jax_fn, kind_key, programs[:n_programs])
     return result
+
+
+def has_library_fusions(exe: Executable) -> bool:
+    """Whether XLA handed any of `exe`'s fusions to a kernel library (`LIBRARY_FUSION_MARK`);
+    False where the compiled program cannot be read back as text."""
+    try:
+        return LIBRARY_FUSION_MARK in exe.compiled.as_text()
+    except Exception:  # loaded or moved programs may not keep their text
+        return False
 
 
 def _origin(moved: Any, found: Sequence[Any]) -> Origin:

@@ -21,7 +21,10 @@ Evidence, in the order it is used:
 3. Measured time on the real draws. A chunked `auto` run is driven from the host, and a run
    that has more than `TUNE_MIN_SECONDS` of work left after its first chunks tries larger
    and smaller chunks on the next ones (each writes its real outputs, nothing is computed
-   twice), then goes on with the fastest. The result goes to the tuning cache.
+   twice), then goes on with the fastest. Before that, a CPU run with more than
+   `LIBRARY_TRY_COMPILES` compiles' worth of work left, whose loop XLA gave to a kernel
+   library, times the same chunk compiled without library fusions and keeps the faster.
+   The result goes to the tuning cache.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from ._executor import (
     Origin,
     compile_executable,
     distrust_foreign,
+    has_library_fusions,
     persist,
     release,
 )
@@ -103,6 +107,12 @@ TUNE_WINDOW_SECONDS = 0.05
 #: long from first chunks that ran far slower than the rest (the machine stalled): what it
 #: measured is not kept, and the tuning cache gets the rule's size.
 TUNE_TRUST_FRACTION = 0.5
+#: The online tuner times the chunk compiled without XLA's library fusions (`_executor.
+#: NO_LIBRARY_FUSIONS`) when the work left after the first chunks would take at least this
+#: many times the first compile: where the library's reductions are the wrong choice they
+#: cost 2-3x (a compile on the side pays for itself many times over), and where they are
+#: right the trial costs about a compile and two short timed windows (docs/strategies.md).
+LIBRARY_TRY_COMPILES = 4
 #: Spread single-device draws over local accelerators only when the outputs and temporaries
 #: of the whole run come to at least this much work.
 SPREAD_MIN_BYTES = 64 * 2**20
@@ -155,7 +165,10 @@ class Plan:
         n_devices: devices the work ran on, one shard each.
         devices_reason: why those devices.
         output_memory: where the outputs live: "device" or "host".
-        tuning_seconds: seconds per draw measured for each chunk size tried, if tuned.
+        tuning_seconds: seconds per draw measured for each chunk size tried, if tuned
+            (of the chunks compiled as `library_fusions` says).
+        library_fusions: whether XLA's CPU library fusions were on (the default); False
+            where the tuner measured the chunk faster without them.
     """
 
     strategy: str
@@ -173,6 +186,7 @@ class Plan:
     devices_reason: str = "one device"
     output_memory: str = "device"
     tuning_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
+    library_fusions: bool = True
 
 
 @dataclasses.dataclass
@@ -493,6 +507,7 @@ def _make_plan(
         n_devices=problem.n_shards,
         devices_reason=problem.placement.reason,
         output_memory=exe.output_memory,
+        library_fusions=exe.library_fusions,
     )
 
 
@@ -564,17 +579,19 @@ def _compile(
     progress,
     output_memory="device",
     tuned=False,
-    stored=False,
+    **options,
 ) -> Executable | None:
     """`compile_executable(...)`, or None if compiling ran out of device memory.
 
     On a GPU, XLA's autotuner runs candidate kernels on buffers of the chunk's real size while
-    compiling, so a large chunk can fail to compile where a smaller one fits. `stored`: the
-    executable may come from, and go to, the on-disk store (with the tuning cache).
+    compiling, so a large chunk can fail to compile where a smaller one fits. `tuned`: in
+    host-dispatched segments, for the tuner. `options` go to `compile_executable`: `stored`,
+    the executable may come from, and go to, the on-disk store (with the tuning cache);
+    `library_fusions`.
     """
     try:
         return compile_executable(
-            jax_fn, problem, strategy, loop, size, donate, progress, output_memory, tuned, stored
+            jax_fn, problem, strategy, loop, size, donate, progress, output_memory, tuned, **options
         )
     except jax.errors.JaxRuntimeError as error:
         if is_out_of_memory(error):
@@ -774,11 +791,30 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
             size = int(size)
             if not 1 <= size <= problem.n_local:
                 return None
+        library = entry.get("library_fusions", True)
+        if not isinstance(library, bool) or (not library and loop is not Loop.XLA):
+            return None
     except (KeyError, TypeError, ValueError):
         return None
     strategy = "vmap" if loop is Loop.NONE else "chunked"
     # The same executable the tuned run had (its segments cost one dispatch more).
-    exe = _compile(jax_fn, problem, strategy, loop, size, donate, progress, tuned=True, stored=True)
+    try:
+        exe = _compile(
+            jax_fn,
+            problem,
+            strategy,
+            loop,
+            size,
+            donate,
+            progress,
+            tuned=True,
+            stored=True,
+            library_fusions=library,
+        )
+    except jax.errors.JaxRuntimeError:
+        if library:
+            raise
+        return None  # this XLA no longer knows the option: plan afresh
     if exe is None or exe.peak_bytes > limit:
         release(exe)
         return None
@@ -796,11 +832,18 @@ class Tuner:
     """The online tuner of a host-driven `auto` run: policy for the executor's chunk loop.
 
     The run starts at the rule's chunk size. After one warm-up and `TUNE_CHUNKS` timed
-    chunks it projects the work left; only if that exceeds `TUNE_MIN_SECONDS` does it try
-    other sizes: double the size while that is faster, else halve it while that is faster.
+    chunks it projects the work left.
+
+    - On a CPU, where that is at least `LIBRARY_TRY_COMPILES` times the first compile and
+      XLA gave part of the loop to a kernel library (`has_library_fusions`), it times the
+      same chunk compiled without library fusions and keeps the faster of the two. The
+      sizes it tries next are compiled the same way.
+    - Only if the work left exceeds `TUNE_MIN_SECONDS` does it try other sizes: double the
+      size while that is faster, else halve it while that is faster.
+
     Each candidate compiles on a second thread (XLA compiles without the GIL) while the best
-    size so far goes on running, and its compiled peak is checked against the budget before
-    it runs. Every chunk writes its real outputs, so tuning computes nothing twice.
+    so far goes on running, and its compiled peak is checked against the budget before it
+    runs. Every chunk writes its real outputs, so tuning computes nothing twice.
     """
 
     #: Compile candidates on the calling thread (tests: the next chunk then always has it).
@@ -821,21 +864,40 @@ class Tuner:
         self._began: float | None = None  # when the run asked for its first chunk
         self._trusted = True
         self._pending: concurrent.futures.Future | None = None
+        self._pending_library = False  # the compile in flight is the library trial's
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.timing = True  # the executor times chunks while this is set
+        #: Whether the steps are compiled with XLA's library fusions (see the class).
+        self.library_fusions = exe.library_fusions
+        self._library_decided = not (
+            exe.library_fusions and exe.loop is Loop.XLA and exe.problem.device.platform == "cpu"
+        )
+        self._variant: Executable | None = None  # the chunk without library fusions, on trial
+        self._variant_times: list[tuple[float, int]] = []
+        self._variant_warm = False
+        #: Seconds per draw of the library trial's chunk, with library fusions (True) and
+        #: without (False), once both were timed.
+        self.library_seconds: dict[bool, float] = {}
+        self._library_gate = 0.0  # the work left, in seconds, that started the trial
+        #: The largest compiled peak of any step that ran.
+        self.peak_bytes = exe.peak_bytes
 
     #: Seconds a timed segment should take while tuning.
     segment_seconds = TUNE_WINDOW_SECONDS / TUNE_CHUNKS
 
+    @staticmethod
+    def _rate(ts: list[tuple[float, int]]) -> float | None:
+        """The median call's seconds per draw, once timed over a full window (`TUNE_CHUNKS`
+        calls and `TUNE_WINDOW_SECONDS`); else None."""
+        if len(ts) < TUNE_CHUNKS or sum(t for t, _ in ts) < TUNE_WINDOW_SECONDS:
+            return None
+        return float(np.median([t / k for t, k in ts]))
+
     @property
     def seconds_per_draw(self) -> dict[int, float]:
-        """Seconds per draw, for each size timed over a full window (`TUNE_CHUNKS` timed
-        calls and `TUNE_WINDOW_SECONDS`): the median call's."""
-        return {
-            size: float(np.median([t / k for t, k in ts]))
-            for size, ts in self._times.items()
-            if len(ts) >= TUNE_CHUNKS and sum(t for t, _ in ts) >= TUNE_WINDOW_SECONDS
-        }
+        """Seconds per draw, for each size timed over a full window (`_rate`)."""
+        rates = {size: self._rate(ts) for size, ts in self._times.items()}
+        return {size: rate for size, rate in rates.items() if rate is not None}
 
     @property
     def measured(self) -> bool:
@@ -850,15 +912,31 @@ class Tuner:
         if self._pending is not None and self._pending.done():
             candidate = self._pending.result()
             self._pending = None
-            if candidate is None:  # over the budget, or out of memory while compiling
+            if self._pending_library:
+                if candidate is None:  # no library fusion to remove, or no such option
+                    self._library_decided = True
+                    self._decide()
+                else:
+                    self._variant = self._current = candidate
+                    self.peak_bytes = max(self.peak_bytes, candidate.peak_bytes)
+            elif candidate is None:  # over the budget, or out of memory while compiling
                 self._finish()
             else:
                 self.steps[int(candidate.chunk_size)] = candidate
                 self._current = candidate
+                self.peak_bytes = max(self.peak_bytes, candidate.peak_bytes)
         return self._current
 
     def record(self, step: Executable, seconds: float, draws: int) -> None:
-        """A call of `step` took `seconds` for `draws` draws (each size's first warms up)."""
+        """A call of `step` took `seconds` for `draws` draws (each step's first warms up)."""
+        if step is self._variant:
+            if not self._variant_warm:
+                self._variant_warm = True
+                return
+            self._variant_times.append((seconds, draws))
+            if self._rate(self._variant_times) is not None and self.timing:
+                self._judge_library()
+            return
         size = int(step.chunk_size or 1)
         if size not in self._warm:
             self._warm.add(size)
@@ -870,13 +948,22 @@ class Tuner:
             self._decide()
 
     def _decide(self) -> None:
-        if self._pending is not None:
+        if self._pending is not None or self._variant is not None:
             return
         rates = self.seconds_per_draw
         best = min(rates, key=rates.__getitem__)
         self.best = best
         n = self._problem.n_local
-        if (n - self._start) * rates[best] < TUNE_MIN_SECONDS:
+        left = (n - self._start) * rates[best]
+        if not self._library_decided:
+            self._library_decided = True
+            first = self.steps[self._tried[0]]
+            if left >= LIBRARY_TRY_COMPILES * first.compile_seconds:
+                self._library_gate = LIBRARY_TRY_COMPILES * first.compile_seconds
+                self._current = self.steps[best]
+                self._submit(self._compile_without_library, best, library=True)
+                return
+        if left < TUNE_MIN_SECONDS:
             return self._finish()
         newest = self._tried[-1]
         if newest == best:  # the newest size is the fastest so far: go on that way
@@ -890,15 +977,39 @@ class Tuner:
             return self._finish()
         self._current = self.steps[best]  # the fastest so far runs while the next compiles
         self._tried.append(target)
+        self._submit(self._compile, target, library=False)
+
+    def _submit(self, compile_: Callable[[int], Executable | None], size: int, library: bool):
+        self._pending_library = library
         if self.synchronous:
             self._pending = concurrent.futures.Future()
-            self._pending.set_result(self._compile(target))
+            self._pending.set_result(compile_(size))
             return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1)
-        self._pending = self._pool.submit(self._compile, target)
+        self._pending = self._pool.submit(compile_, size)
 
-    def _compile(self, size: int) -> Executable | None:
+    def _judge_library(self) -> None:
+        """Keep the faster of the trial's two compiles of one chunk size, then go on."""
+        variant, self._variant = self._variant, None
+        assert variant is not None
+        size = int(variant.chunk_size or 1)
+        with_library = self.seconds_per_draw[size]
+        without = self._rate(self._variant_times)
+        assert without is not None
+        self.library_seconds = {True: with_library, False: without}
+        if without < with_library:
+            release(self.steps[size])
+            self.steps[size] = variant
+            self._times[size] = self._variant_times
+            self.library_fusions = False
+        else:
+            release(variant)
+        self._current = self.steps[self.best]
+        self._decide()
+
+    def _candidate(self, size: int, library_fusions: bool) -> Executable | None:
+        """The tuner's step of `size`, or None where it does not fit the budget."""
         first = self.steps[self._tried[0]]
         exe = _compile(
             self._jax_fn,
@@ -910,8 +1021,29 @@ class Tuner:
             first.progress,
             tuned=True,
             stored=True,
+            library_fusions=library_fusions,
         )
         if exe is None or exe.peak_bytes > self._limit:
+            release(exe)
+            return None
+        return exe
+
+    def _compile(self, size: int) -> Executable | None:
+        return self._candidate(size, self.library_fusions)
+
+    def _compile_without_library(self, size: int) -> Executable | None:
+        """The chunk of `size` without library fusions; None where its program has none to
+        remove, this XLA does not know the option, it does not fit the budget, or XLA's own
+        fusions need as many temporaries: what the library costs where it is the wrong
+        choice is the operands it writes out, which its absence then does not save."""
+        step = self.steps[size]
+        if not has_library_fusions(step):
+            return None
+        try:
+            exe = self._candidate(size, library_fusions=False)
+        except jax.errors.JaxRuntimeError:
+            return None
+        if exe is not None and exe.temp_bytes >= step.temp_bytes:
             release(exe)
             return None
         return exe
@@ -926,21 +1058,27 @@ class Tuner:
             self._pool.shutdown(wait=True)
         for step in self.steps.values():
             release(step)
+        release(self._variant)
 
     def close(self) -> None:
         """End tuning (waiting for a compile in flight) and store what was measured, unless
-        the whole run took under `TUNE_TRUST_FRACTION` of `TUNE_MIN_SECONDS`: then its first
-        chunks, which started the tuning, were not the run's speed, and the rule's size is
-        stored instead."""
+        the whole run took under `TUNE_TRUST_FRACTION` of the work left that started it
+        (`TUNE_MIN_SECONDS` for the sizes, the library trial's own gate for it): then its
+        first chunks were not the run's speed, and the rule's choice is stored instead."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        release(self._variant)  # a trial that the run ended before it was judged
+        self._variant = None
         rates = self.seconds_per_draw
         elapsed = 0.0 if self._began is None else time.perf_counter() - self._began
-        self._trusted = elapsed >= TUNE_TRUST_FRACTION * TUNE_MIN_SECONDS
+        # Only a run that tried other sizes was projected long by its first chunks.
+        self._trusted = len(self._tried) == 1 or elapsed >= TUNE_TRUST_FRACTION * TUNE_MIN_SECONDS
         if rates and self._trusted:
             self.best = min(rates, key=rates.__getitem__)
         else:
             self.best = self._tried[0]
+        library_trusted = elapsed >= TUNE_TRUST_FRACTION * self._library_gate
+        library = self.library_fusions if library_trusted else True
         why = (
             f"measured fastest of {sorted(rates)} draws per chunk"
             if self.measured
@@ -949,10 +1087,22 @@ class Tuner:
             else "the compiled-analysis rule; the run was far shorter than its first chunks "
             "projected, so what they measured is not kept"
         )
-        entry = {"loop": self.steps[self.best].loop.value, "chunk_size": self.best, "why": why}
+        if library_trusted and self.library_seconds:
+            why += (
+                "; measured faster without XLA's library fusions"
+                if not library
+                else "; measured faster with XLA's library fusions"
+            )
+        entry = {
+            "loop": self.steps[self.best].loop.value,
+            "chunk_size": self.best,
+            "library_fusions": library,
+            "why": why,
+        }
         _tuning.store(
             self._key, entry | {"seconds_per_draw": {str(k): v for k, v in rates.items()}}
         )
+        self.stored_library_fusions = library
 
 
 def finished(attempt: Attempt) -> Plan:
@@ -967,29 +1117,45 @@ def finished(attempt: Attempt) -> Plan:
         return plan
     tuner.close()
     for size, step in tuner.steps.items():
-        if size == tuner.best:
+        if size == tuner.best and step.library_fusions == tuner.stored_library_fusions:
             persist(step)
         else:
             release(step)
     rates = tuner.seconds_per_draw
-    if not tuner.measured:
-        return dataclasses.replace(plan, tuning_seconds=rates)
+    library = ""
+    if tuner.library_seconds:
+        on, off = tuner.library_seconds[True], tuner.library_seconds[False]
+        library = (
+            f"{'without' if not tuner.library_fusions else 'with'} XLA's library fusions "
+            f"(measured {on * 1e6:.1f} us per draw with them, {off * 1e6:.1f} us without)"
+        )
+    if not tuner.measured and tuner.library_fusions:
+        if library:
+            plan = dataclasses.replace(plan, reason=f"{plan.reason[:-1]}; {library}.")
+        return dataclasses.replace(plan, tuning_seconds=rates, peak_bytes=tuner.peak_bytes)
     best = tuner.best
     exe = tuner.steps[best]
-    reason = (
-        f"Chunks of {best} draws, measured fastest on the first chunks of this run "
-        f"(seconds per draw: "
-        + ", ".join(f"{k}: {v * 1e6:.1f} us" for k, v in sorted(rates.items()))
-        + f"); {_mib(exe.peak_bytes)} in all, within {_budget_text(plan.budget_bytes)}."
-    )
+    if tuner.measured:
+        reason = (
+            f"Chunks of {best} draws, measured fastest on the first chunks of this run "
+            f"(seconds per draw: "
+            + ", ".join(f"{k}: {v * 1e6:.1f} us" for k, v in sorted(rates.items()))
+            + ")"
+        )
+    else:
+        reason = f"Chunks of {best} draws, as the rule gave"
+    reason += (
+        f", {library}" if library else ""
+    ) + f"; {_mib(tuner.peak_bytes)} in all, within {_budget_text(plan.budget_bytes)}."
     return dataclasses.replace(
         plan,
         chunk_size=best,
         n_chunks=-(-exe.problem.n_local // best),
-        peak_bytes=max(s.peak_bytes for s in tuner.steps.values()),
+        peak_bytes=tuner.peak_bytes,
         reason=reason,
         source="measured",
         tuning_seconds=rates,
+        library_fusions=exe.library_fusions,
     )
 
 

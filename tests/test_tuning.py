@@ -7,6 +7,7 @@ back from disk.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 
@@ -17,6 +18,7 @@ import pytest
 from helpers import assert_same, problem_of, reference
 
 from pymc_chunkpost import _planner, _postprocess, _tuning
+from pymc_chunkpost._executor import has_library_fusions
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +48,13 @@ def timed(monkeypatch):
     monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)  # always a loop
     monkeypatch.setattr(_planner, "_fast_chunk_size", lambda *args: (8, "a start of 8"))
     monkeypatch.setattr(_planner.Tuner, "synchronous", True)
+    monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", math.inf)  # tests that want it say so
     real = _planner.Tuner.record
     table = {}
 
     def record(self, step, seconds, draws):
-        real(self, step, table["f"](step.chunk_size) * draws, draws)
+        slower = 1.0 if step.library_fusions else table.get("without library", 1.0)
+        real(self, step, table["f"](step.chunk_size) * slower * draws, draws)
 
     monkeypatch.setattr(_planner.Tuner, "record", record)
     return table
@@ -144,6 +148,128 @@ def test_candidates_over_the_budget_never_run(built, timed, ran_steps, monkeypat
     del first
 
 
+@pytest.fixture(scope="module")
+def row_slopes():
+    """radon_slopes, small: XLA gives its sum over 3 slopes per row to YNNPACK, which writes
+    the products out (temporaries that XLA's own loop fusion does not need)."""
+    from pymc_chunkpost.profiling import fixtures
+
+    model = fixtures.radon_slopes(n_obs=500, n_groups=20)
+    return model, fixtures.jax_fn(model)
+
+
+def _library_run(model_fn, timed, without: float, monkeypatch, tries: float = 0.0):
+    """A loop whose chunk XLA compiles with library fusions, tuned under a table in which the
+    chunk without them takes `without` times as long; only the library trial runs (no other
+    sizes)."""
+    model, jax_fn = model_fn
+    monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", tries)
+    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", math.inf)
+    monkeypatch.setattr(_planner, "TUNE_TRUST_FRACTION", 0.0)
+    timed["f"] = _table(8)
+    timed["without library"] = without
+    raw = models.raw_draws(model, 4, 250)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
+    return jax_fn, raw, outputs, plan
+
+
+def _close_to(outputs, expected):
+    """Equal up to rounding: other kernels sum in another order (docs/strategies.md)."""
+    for got, want in zip(outputs, expected):
+        scale = float(np.max(np.abs(want), initial=0.0))
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12 * scale)
+
+
+def test_the_loop_without_library_fusions_runs_where_it_measured_faster(
+    row_slopes, timed, ran_steps, cache, monkeypatch
+):
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 0.5, monkeypatch)
+    assert has_library_fusions(ran_steps[0])  # the rule's chunk, as XLA compiles it
+    assert not plan.library_fusions and plan.source == "measured", plan.reason
+    assert "without XLA's library fusions" in plan.reason
+    assert not has_library_fusions(ran_steps[-1]) and not ran_steps[-1].library_fusions
+    assert {s.chunk_size for s in ran_steps} == {plan.chunk_size}  # the same chunk, twice
+    _close_to(outputs, reference(jax_fn, raw))
+    (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    assert entry["library_fusions"] is False, entry
+    # The next run starts where this one ended: the same chunk, compiled the same way.
+    again_outputs, again = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
+    assert again.source == "cache" and not again.library_fusions, again.reason
+    _close_to(again_outputs, reference(jax_fn, raw))
+
+
+def test_library_fusions_stay_where_they_measured_faster(
+    row_slopes, timed, ran_steps, cache, monkeypatch
+):
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 2.0, monkeypatch)
+    assert any(not s.library_fusions for s in ran_steps)  # the trial did run
+    assert plan.library_fusions and ran_steps[-1].library_fusions, plan.reason
+    assert "with XLA's library fusions (measured" in plan.reason
+    _close_to(outputs, reference(jax_fn, raw))
+    (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    assert entry["library_fusions"] is True
+
+
+def test_no_library_trial_where_the_work_left_cannot_repay_a_compile(
+    row_slopes, timed, ran_steps, cache, monkeypatch
+):
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 0.5, monkeypatch, tries=1e9)
+    assert all(s.library_fusions for s in ran_steps) and plan.library_fusions
+    assert plan.source == "rule" and "library" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_no_library_trial_where_it_would_save_no_temporaries(
+    built, timed, ran_steps, cache, monkeypatch
+):
+    """data_regression's loop has a library fusion, but compiled without it needs as many
+    temporaries: the candidate is dropped without running, however fast the table says."""
+    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, monkeypatch)
+    assert has_library_fusions(ran_steps[0])
+    assert all(s.library_fusions for s in ran_steps) and plan.library_fusions
+    assert "library" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_no_library_trial_where_xla_used_no_library(built, timed, ran_steps, monkeypatch):
+    """structured's loop has no library fusion: the trial compiles nothing and the run goes
+    on as the rule planned it."""
+    model, jax_fn = built("structured")
+    monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", 0.0)
+    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", math.inf)
+    timed["f"] = _table(8)
+    timed["without library"] = 0.5
+    raw = models.raw_draws(model, 4, 250)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
+    assert not has_library_fusions(ran_steps[0])
+    assert all(s.library_fusions for s in ran_steps) and plan.library_fusions
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_compiled_without_library_fusions(built):
+    """The compiler option removes every library fusion from the one executable it is given,
+    and the results stay pymc's up to rounding; other executables keep them."""
+    from helpers import problem_of as problem_for
+
+    from pymc_chunkpost._executor import Loop, compile_executable
+
+    model, jax_fn = built("data_regression")
+    raw = models.raw_draws(model, 4, 100)
+    problem = problem_for(jax_fn, raw)
+    plain = compile_executable(jax_fn, problem, "chunked", Loop.XLA, 8)
+    bare = compile_executable(jax_fn, problem, "chunked", Loop.XLA, 8, library_fusions=False)
+    assert has_library_fusions(plain) and not has_library_fusions(bare)
+    assert bare is not plain and not bare.library_fusions
+    assert compile_executable(jax_fn, problem, "chunked", Loop.XLA, 8) is plain
+    with pytest.raises(ValueError, match="XLA loop on a CPU"):
+        compile_executable(jax_fn, problem, "vmap", Loop.NONE, None, library_fusions=False)
+    from pymc_chunkpost._executor import execute
+
+    expected = reference(jax_fn, raw)
+    computed = execute(bare, [jnp.asarray(x) for x in raw])  # the outputs it computes
+    _close_to(computed, [expected[j] for j in problem.computed])
+
+
 class TestCache:
     def test_a_tuned_size_is_reused(self, built, timed, cache):
         model, jax_fn = built("structured")
@@ -180,6 +306,14 @@ class TestCache:
         outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")  # plans, no error
         assert plan.source == "rule"
         assert_same(outputs, reference(jax_fn, raw))
+        # No library fusions to turn off in a loop-free plan, nor a bool's worth of them.
+        for bad in (
+            {"loop": "none", "chunk_size": None, "library_fusions": False},
+            {"loop": "xla", "chunk_size": 5, "library_fusions": "no"},
+        ):
+            assert _tuning.store(key, bad)
+            _, plan = _postprocess.run(jax_fn, raw, None, "auto")
+            assert plan.source == "rule" and plan.library_fusions, bad
 
     def test_two_writers(self, cache):
         """Concurrent writers of one key: every reader sees one whole entry."""
