@@ -10,6 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import enum
+import math
+import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -38,6 +40,7 @@ __all__ = [
     "compile_executable",
     "execute",
     "has_library_fusions",
+    "library_reductions",
     "persist",
     "release",
     "distrust_foreign",
@@ -396,13 +399,43 @@ def compile_executable(
     return result
 
 
-def has_library_fusions(exe: Executable) -> bool:
-    """Whether XLA handed any of `exe`'s fusions to a kernel library (`LIBRARY_FUSION_MARK`);
-    False where the compiled program cannot be read back as text."""
+def _hlo_text(exe: Executable) -> str:
+    """The compiled program's HLO text; empty where it cannot be read back."""
     try:
-        return LIBRARY_FUSION_MARK in exe.compiled.as_text()
+        return exe.compiled.as_text() or ""
     except Exception:  # loaded or moved programs may not keep their text
-        return False
+        return ""
+
+
+def has_library_fusions(exe: Executable) -> bool:
+    """Whether XLA handed any of `exe`'s fusions to a kernel library (`LIBRARY_FUSION_MARK`)."""
+    return LIBRARY_FUSION_MARK in _hlo_text(exe)
+
+
+_SHAPE = re.compile(r"%([\w.-]+) = \w+\[([\d,]*)\]")
+_PARAM = re.compile(r"([\w.-]+): \w+\[([\d,]*)\]")
+_REDUCE = re.compile(r"reduce\(%([\w.-]+),.*?dimensions=\{([\d,]*)\}")
+
+
+def library_reductions(exe: Executable) -> list[int]:
+    """The elements summed into each result of every reduction that XLA handed to a kernel
+    library in `exe` (read from the compiled HLO: the reduced dimensions of the reduction's
+    operand, inside each computation a `LIBRARY_FUSION_MARK` fusion calls)."""
+    text = _hlo_text(exe)
+    called = set(re.findall(r"calls=%([\w.-]+)[^\n]*" + LIBRARY_FUSION_MARK, text))
+    extents = []
+    for block in text.split("\n\n"):
+        head = block.lstrip().split(" ", 1)[0]
+        if not head.startswith("%") or head[1:] not in called:
+            continue
+        dims = {name: shape for name, shape in _PARAM.findall(block.split("\n", 1)[0])}
+        dims.update(_SHAPE.findall(block))
+        for operand, reduced in _REDUCE.findall(block):
+            shape = [int(d) for d in dims.get(operand, "").split(",") if d]
+            axes = [int(a) for a in reduced.split(",") if a]
+            if shape and all(a < len(shape) for a in axes):
+                extents.append(math.prod(shape[a] for a in axes))
+    return extents
 
 
 def _origin(moved: Any, found: Sequence[Any]) -> Origin:

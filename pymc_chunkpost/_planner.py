@@ -22,8 +22,9 @@ Evidence, in the order it is used:
    that has more than `TUNE_MIN_SECONDS` of work left after its first chunks tries larger
    and smaller chunks on the next ones (each writes its real outputs, nothing is computed
    twice), then goes on with the fastest. Before that, a CPU run with more than
-   `LIBRARY_TRY_COMPILES` compiles' worth of work left, whose loop XLA gave to a kernel
-   library, times the same chunk compiled without library fusions and keeps the faster.
+   `LIBRARY_TRY_COMPILES` compiles' worth of work left, whose loop XLA gave a short
+   reduction to a kernel library (`LIBRARY_SHORT_REDUCTION`), times the same chunk
+   compiled without library fusions and keeps the faster.
    The result goes to the tuning cache.
 """
 
@@ -50,7 +51,7 @@ from ._executor import (
     Origin,
     compile_executable,
     distrust_foreign,
-    has_library_fusions,
+    library_reductions,
     persist,
     release,
 )
@@ -107,12 +108,15 @@ TUNE_WINDOW_SECONDS = 0.05
 #: long from first chunks that ran far slower than the rest (the machine stalled): what it
 #: measured is not kept, and the tuning cache gets the rule's size.
 TUNE_TRUST_FRACTION = 0.5
-#: The online tuner times the chunk compiled without XLA's library fusions (`_executor.
-#: NO_LIBRARY_FUSIONS`) when the work left after the first chunks would take at least this
-#: many times the first compile: where the library's reductions are the wrong choice they
-#: cost 2-3x (a compile on the side pays for itself many times over), and where they are
-#: right the trial costs about a compile and two short timed windows (docs/strategies.md).
-LIBRARY_TRY_COMPILES = 4
+#: The online tuner tries the chunk compiled without XLA's library fusions (`_executor.
+#: NO_LIBRARY_FUSIONS`) where one of them reduces at most `LIBRARY_SHORT_REDUCTION` elements
+#: into each result: a reduction shorter than two AVX-512 vectors of float64 gains nothing
+#: from a vectorised kernel, and the library writes out its operand, which XLA's own loop
+#: fusion never materialises (9x per draw on a row-indexed model: docs/strategies.md).
+LIBRARY_SHORT_REDUCTION = 16
+#: ...and where the work left after the first chunks would take at least this many times the
+#: first compile: the trial costs a compile on a second thread and two short timed windows.
+LIBRARY_TRY_COMPILES = 2
 #: Spread single-device draws over local accelerators only when the outputs and temporaries
 #: of the whole run come to at least this much work.
 SPREAD_MIN_BYTES = 64 * 2**20
@@ -792,7 +796,9 @@ def _from_cache(jax_fn, problem, key, budget, limit, donate, progress, tic) -> A
             if not 1 <= size <= problem.n_local:
                 return None
         library = entry.get("library_fusions", True)
-        if not isinstance(library, bool) or (not library and loop is not Loop.XLA):
+        if not isinstance(library, bool):
+            return None
+        if not library and (loop is not Loop.XLA or problem.device.platform != "cpu"):
             return None
     except (KeyError, TypeError, ValueError):
         return None
@@ -835,9 +841,9 @@ class Tuner:
     chunks it projects the work left.
 
     - On a CPU, where that is at least `LIBRARY_TRY_COMPILES` times the first compile and
-      XLA gave part of the loop to a kernel library (`has_library_fusions`), it times the
-      same chunk compiled without library fusions and keeps the faster of the two. The
-      sizes it tries next are compiled the same way.
+      XLA gave a short reduction of the loop to a kernel library (`LIBRARY_SHORT_REDUCTION`),
+      it times the same chunk compiled without library fusions and keeps the faster of the
+      two. The sizes it tries next are compiled the same way.
     - Only if the work left exceeds `TUNE_MIN_SECONDS` does it try other sizes: double the
       size while that is faster, else halve it while that is faster.
 
@@ -958,8 +964,10 @@ class Tuner:
         if not self._library_decided:
             self._library_decided = True
             first = self.steps[self._tried[0]]
-            if left >= LIBRARY_TRY_COMPILES * first.compile_seconds:
-                self._library_gate = LIBRARY_TRY_COMPILES * first.compile_seconds
+            # A step loaded from disk did not pay the compile that the trial would.
+            compiled = first.origin is Origin.COMPILED
+            if compiled and left >= LIBRARY_TRY_COMPILES * first.compile_seconds:
+                self._library_gate = left
                 self._current = self.steps[best]
                 self._submit(self._compile_without_library, best, library=True)
                 return
@@ -1032,12 +1040,13 @@ class Tuner:
         return self._candidate(size, self.library_fusions)
 
     def _compile_without_library(self, size: int) -> Executable | None:
-        """The chunk of `size` without library fusions; None where its program has none to
-        remove, this XLA does not know the option, it does not fit the budget, or XLA's own
-        fusions need as many temporaries: what the library costs where it is the wrong
-        choice is the operands it writes out, which its absence then does not save."""
+        """The chunk of `size` without library fusions; None where the library has no short
+        reduction in it (nothing is compiled), this XLA does not know the option, it does
+        not fit the budget, or XLA's own fusions need as many temporaries: what the library
+        costs where it is the wrong choice is the operand it writes out, which its absence
+        then does not save."""
         step = self.steps[size]
-        if not has_library_fusions(step):
+        if not any(k <= LIBRARY_SHORT_REDUCTION for k in library_reductions(step)):
             return None
         try:
             exe = self._candidate(size, library_fusions=False)
@@ -1052,21 +1061,31 @@ class Tuner:
         self.timing = False
         self._current = self.steps[self.best]
 
-    def abandon(self) -> None:
-        """End tuning after a failed run: wait for a compile in flight; nothing is stored."""
+    def _wait(self) -> None:
+        """Wait for a compile in flight; a candidate that never ran stores nothing."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        for step in self.steps.values():
+        if self._pending is not None and self._pending.done():
+            release(self._pending.result())
+        self._pending = None
+
+    @property
+    def ran(self) -> list[Executable]:
+        """Every step that ran (a library trial's candidate included)."""
+        return [*self.steps.values(), *([self._variant] if self._variant else [])]
+
+    def abandon(self) -> None:
+        """End tuning after a failed run: wait for a compile in flight; nothing is stored."""
+        self._wait()
+        for step in self.ran:
             release(step)
-        release(self._variant)
 
     def close(self) -> None:
         """End tuning (waiting for a compile in flight) and store what was measured, unless
         the whole run took under `TUNE_TRUST_FRACTION` of the work left that started it
         (`TUNE_MIN_SECONDS` for the sizes, the library trial's own gate for it): then its
         first chunks were not the run's speed, and the rule's choice is stored instead."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._wait()
         release(self._variant)  # a trial that the run ended before it was judged
         self._variant = None
         rates = self.seconds_per_draw
@@ -1079,6 +1098,8 @@ class Tuner:
             self.best = self._tried[0]
         library_trusted = elapsed >= TUNE_TRUST_FRACTION * self._library_gate
         library = self.library_fusions if library_trusted else True
+        if not library_trusted and not self.library_fusions:
+            self.best = self._tried[0]  # sizes timed without the library: none measured with
         why = (
             f"measured fastest of {sorted(rates)} draws per chunk"
             if self.measured
@@ -1292,7 +1313,7 @@ def _foreign_failure(failed: Attempt | None, error: Exception) -> Origin | None:
         or is_out_of_memory(error)
     ):
         return None
-    steps = [failed.exe, *(() if failed.tuner is None else failed.tuner.steps.values())]
+    steps = [failed.exe, *(() if failed.tuner is None else failed.tuner.ran)]
     return next((s.origin for s in steps if s.origin is not Origin.COMPILED), None)
 
 

@@ -487,7 +487,7 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     exe = types.SimpleNamespace(origin=Origin.COMPILED)
     loaded = types.SimpleNamespace(origin=Origin.LOADED)
     failure = jax.errors.JaxRuntimeError(NOT_FOUND)
-    tuned = types.SimpleNamespace(steps={8: exe, 16: loaded})
+    tuned = types.SimpleNamespace(ran=[exe, loaded])  # a size, or a library trial's step
     assert retries(Attempt(None, exe, tuned), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, exe, None), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, loaded, None), ValueError("not XLA's"))  # type: ignore[arg-type]

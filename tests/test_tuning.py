@@ -18,7 +18,7 @@ import pytest
 from helpers import assert_same, problem_of, reference
 
 from pymc_chunkpost import _planner, _postprocess, _tuning
-from pymc_chunkpost._executor import has_library_fusions
+from pymc_chunkpost._executor import has_library_fusions, library_reductions
 
 
 @pytest.fixture(scope="module")
@@ -219,12 +219,60 @@ def test_no_library_trial_where_the_work_left_cannot_repay_a_compile(
     assert_same(outputs, reference(jax_fn, raw))
 
 
+def test_library_reductions_are_read_from_the_compiled_program(built, row_slopes):
+    """row_slopes' library fusion sums 3 slopes per row; data_regression's sums none that
+    short; structured's loop has no library fusion."""
+    from helpers import compile_for
+
+    short = _planner.LIBRARY_SHORT_REDUCTION
+    model, jax_fn = row_slopes
+    exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
+    assert 3 in library_reductions(exe)
+    model, jax_fn = built("data_regression")
+    exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
+    assert has_library_fusions(exe)  # a dot, and no reduction as short as row_slopes'
+    assert all(k > short for k in library_reductions(exe))
+    model, jax_fn = built("structured")
+    exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
+    assert library_reductions(exe) == []
+
+
+def test_no_library_trial_without_a_short_library_reduction(
+    built, timed, ran_steps, cache, monkeypatch
+):
+    """data_regression's library fusions reduce long rows: nothing is compiled for a trial."""
+    compiled = []
+    real = _planner.Tuner._candidate
+
+    def candidate(self, size, library_fusions):
+        compiled.append(library_fusions)
+        return real(self, size, library_fusions)
+
+    monkeypatch.setattr(_planner.Tuner, "_candidate", candidate)
+    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, monkeypatch)
+    assert compiled == [] and plan.library_fusions and "library" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+
+
 def test_no_library_trial_where_it_would_save_no_temporaries(
     built, timed, ran_steps, cache, monkeypatch
 ):
-    """data_regression's loop has a library fusion, but compiled without it needs as many
-    temporaries: the candidate is dropped without running, however fast the table says."""
+    """Taken for a loop with a short library reduction, data_regression's chunk is compiled
+    without library fusions, needs as many temporaries, and is dropped unrun, however fast
+    the table says it would be."""
+    monkeypatch.setattr(_planner, "library_reductions", lambda exe: [1])
+    candidates = []
+    real = _planner.Tuner._candidate
+
+    def candidate(self, size, library_fusions):
+        exe = real(self, size, library_fusions)
+        candidates.append((exe, self.steps[size]))
+        return exe
+
+    monkeypatch.setattr(_planner.Tuner, "_candidate", candidate)
     jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, monkeypatch)
+    ((exe, step),) = candidates  # compiled, without library fusions, and as large
+    assert not exe.library_fusions and exe.temp_bytes >= step.temp_bytes
     assert has_library_fusions(ran_steps[0])
     assert all(s.library_fusions for s in ran_steps) and plan.library_fusions
     assert "library" not in plan.reason
