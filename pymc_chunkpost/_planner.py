@@ -117,6 +117,10 @@ LIBRARY_SHORT_REDUCTION = 16
 #: ...and where the work left after the first chunks would take at least this many times the
 #: first compile: the trial costs a compile on a second thread and two short timed windows.
 LIBRARY_TRY_COMPILES = 2
+#: The chunk without library fusions replaces the library's when it runs at least this many
+#: times faster: the two are timed a few chunks apart, and a stall of the machine while the
+#: first was timed would favour the second (the gains measured are 8-14x).
+LIBRARY_MIN_GAIN = 1.25
 #: Spread single-device draws over local accelerators only when the outputs and temporaries
 #: of the whole run come to at least this much work.
 SPREAD_MIN_BYTES = 64 * 2**20
@@ -884,7 +888,6 @@ class Tuner:
         #: Seconds per draw of the library trial's chunk, with library fusions (True) and
         #: without (False), once both were timed.
         self.library_seconds: dict[bool, float] = {}
-        self._library_gate = 0.0  # the work left, in seconds, that started the trial
         #: The largest compiled peak of any step that ran.
         self.peak_bytes = exe.peak_bytes
 
@@ -967,7 +970,6 @@ class Tuner:
             # A step loaded from disk did not pay the compile that the trial would.
             compiled = first.origin is Origin.COMPILED
             if compiled and left >= LIBRARY_TRY_COMPILES * first.compile_seconds:
-                self._library_gate = left
                 self._current = self.steps[best]
                 self._submit(self._compile_without_library, best, library=True)
                 return
@@ -1006,7 +1008,7 @@ class Tuner:
         without = self._rate(self._variant_times)
         assert without is not None
         self.library_seconds = {True: with_library, False: without}
-        if without < with_library:
+        if LIBRARY_MIN_GAIN * without < with_library:
             release(self.steps[size])
             self.steps[size] = variant
             self._times[size] = self._variant_times
@@ -1082,9 +1084,11 @@ class Tuner:
 
     def close(self) -> None:
         """End tuning (waiting for a compile in flight) and store what was measured, unless
-        the whole run took under `TUNE_TRUST_FRACTION` of the work left that started it
-        (`TUNE_MIN_SECONDS` for the sizes, the library trial's own gate for it): then its
-        first chunks were not the run's speed, and the rule's choice is stored instead."""
+        sizes were tried and the whole run took under `TUNE_TRUST_FRACTION` of
+        `TUNE_MIN_SECONDS`: then its first chunks, which started the tuning, were not the
+        run's speed, and the rule's size is stored instead. The library trial's choice is
+        kept either way (`LIBRARY_MIN_GAIN` guards it; a run it sped up 9x ends far sooner
+        than its first chunks projected)."""
         self._wait()
         release(self._variant)  # a trial that the run ended before it was judged
         self._variant = None
@@ -1096,10 +1100,7 @@ class Tuner:
             self.best = min(rates, key=rates.__getitem__)
         else:
             self.best = self._tried[0]
-        library_trusted = elapsed >= TUNE_TRUST_FRACTION * self._library_gate
-        library = self.library_fusions if library_trusted else True
-        if not library_trusted and not self.library_fusions:
-            self.best = self._tried[0]  # sizes timed without the library: none measured with
+        library = self.library_fusions  # every step since the trial is compiled this way
         why = (
             f"measured fastest of {sorted(rates)} draws per chunk"
             if self.measured
@@ -1108,11 +1109,11 @@ class Tuner:
             else "the compiled-analysis rule; the run was far shorter than its first chunks "
             "projected, so what they measured is not kept"
         )
-        if library_trusted and self.library_seconds:
+        if self.library_seconds:
             why += (
                 "; measured faster without XLA's library fusions"
                 if not library
-                else "; measured faster with XLA's library fusions"
+                else f"; measured not {LIBRARY_MIN_GAIN}x faster without XLA's library fusions"
             )
         entry = {
             "loop": self.steps[self.best].loop.value,

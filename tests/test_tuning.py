@@ -165,7 +165,6 @@ def _library_run(model_fn, timed, without: float, monkeypatch, tries: float = 0.
     model, jax_fn = model_fn
     monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", tries)
     monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", math.inf)
-    monkeypatch.setattr(_planner, "TUNE_TRUST_FRACTION", 0.0)
     timed["f"] = _table(8)
     timed["without library"] = without
     raw = models.raw_draws(model, 4, 250)
@@ -190,6 +189,7 @@ def test_the_loop_without_library_fusions_runs_where_it_measured_faster(
     assert not has_library_fusions(ran_steps[-1]) and not ran_steps[-1].library_fusions
     assert {s.chunk_size for s in ran_steps} == {plan.chunk_size}  # the same chunk, twice
     _close_to(outputs, reference(jax_fn, raw))
+    # Kept, though the run took a moment where its first chunks projected far longer.
     (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
     assert entry["library_fusions"] is False, entry
     # The next run starts where this one ended: the same chunk, compiled the same way.
@@ -198,10 +198,12 @@ def test_the_loop_without_library_fusions_runs_where_it_measured_faster(
     _close_to(again_outputs, reference(jax_fn, raw))
 
 
-def test_library_fusions_stay_where_they_measured_faster(
-    row_slopes, timed, ran_steps, cache, monkeypatch
+@pytest.mark.parametrize("without", [2.0, 0.9])
+def test_library_fusions_stay_where_they_measured_faster_or_about_as_fast(
+    row_slopes, timed, ran_steps, cache, monkeypatch, without
 ):
-    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 2.0, monkeypatch)
+    """Slower without them, or faster by less than `LIBRARY_MIN_GAIN` (1/0.9 = 1.11x)."""
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, without, monkeypatch)
     assert any(not s.library_fusions for s in ran_steps)  # the trial did run
     assert plan.library_fusions and ran_steps[-1].library_fusions, plan.reason
     assert "with XLA's library fusions (measured" in plan.reason
