@@ -49,6 +49,7 @@ __all__ = [
     "stop_loading",
     "MAX_BYTES",
     "MAX_CONSTANT_BYTES",
+    "SERIALIZED_BEFORE_RUN",
 ]
 
 #: Bumped when the file layout changes; older files are then never read.
@@ -68,6 +69,12 @@ _POOL_LOCK = threading.Lock()
 #: or moved failed to run (`stop_loading`): nothing more is stored, loaded or moved in this
 #: process (some CPUs' loaders reject XLA's own files, as reported upstream).
 _LOADER_FAILED = False
+#: Primitives whose compiled CPU code can be serialized only before its first run: XLA's
+#: sort picks its comparator when it first runs, and an executable that has sorted then
+#: fails to serialize ("`LessThan` is not serializable"). The executor serializes such
+#: programs right after compiling them (docs/strategies.md, "`auto` keeps its own
+#: executables").
+SERIALIZED_BEFORE_RUN = frozenset({"sort"})
 #: Temporary files of a write that was killed are swept after this many seconds.
 STALE_TMP_SECONDS = 3600
 
@@ -294,9 +301,9 @@ def start_worker() -> None:
 
 
 def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
-    """Store `compiled` (of `lowered`) in `slot` on a background thread: digesting and
-    serializing take 1-30 ms, off the caller's path. Nothing is raised; Python waits for
-    the thread at exit."""
+    """Store `compiled` (of `lowered`; XLA's executable, or a `Portable` of it) in `slot` on a
+    background thread: digesting and serializing take 1-30 ms, off the caller's path.
+    Nothing is raised; Python waits for the thread at exit."""
     _submit(_save, slot, lowered, compiled)
 
 
@@ -313,10 +320,13 @@ def _save(slot: Slot, lowered: Any, compiled: Any) -> bool:
 
     if _LOADER_FAILED:
         return False
-    try:
-        payload, _, _ = serialize_executable.serialize(compiled)
-    except Exception:  # noqa: BLE001 - a backend that cannot serialize simply stores nothing
-        return False
+    if isinstance(compiled, Portable):
+        payload = compiled.payload
+    else:
+        try:
+            payload, _, _ = serialize_executable.serialize(compiled)
+        except Exception:  # noqa: BLE001 - a backend that cannot serialize stores nothing
+            return False
     data = MAGIC + _program_digest(slot, lowered) + hashlib.sha256(payload).digest() + payload
     if not write_bytes(slot.path, data):
         return False

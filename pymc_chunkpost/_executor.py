@@ -29,7 +29,7 @@ from ._chunked import read_slice, shard_map_unchecked, write_slice
 from ._host_output import compile_host_chunks, stream_to_host
 from ._jaxpr_eval import draw_major_fun, vmap_draws
 from ._memory import TRIM_MIN_BYTES, release_freed_heap
-from ._problem import Problem
+from ._problem import Problem, uses_primitives
 from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE, flat_vmap
 
@@ -136,9 +136,10 @@ class Executable:
         library_fusions: whether XLA's CPU library fusions were left on (the default);
             False: compiled with `NO_LIBRARY_FUSIONS`.
         to_store: what `persist` hands to the on-disk store, (slot, lowered, compiled)
-            each; emptied once handed over, or by `release` for a candidate the planner
-            rejects, so that no lowered module (a copy of the program's constants) stays
-            in the cache.
+            each, the compiled step as a `_executable_store.Portable` where it was
+            serialized before running (`serialized_before_run`); emptied once handed
+            over, or by `release` for a candidate the planner rejects, so that no lowered
+            module (a copy of the program's constants) stays in the cache.
     """
 
     strategy: str
@@ -363,9 +364,20 @@ def compile_executable(
             compiled = lowered.compile(compiler_options=options)
         if pending is not None:
             init = pending.result()
+    # What is stored or moved later: the step as compiled, or, where it could no longer be
+    # serialized once it has run, its bytes taken now (`serialized_before_run`).
+    step_code = compiled
+    if (
+        moved is None
+        and found[0] is None
+        and (slots[0] is not None or kind_key is not None)
+        and serialized_before_run(problem)
+    ):
+        step_code = _executable_store.portable(compiled) or compiled
+    codes = (step_code, init)
     to_store = [
         (k, x, c)
-        for k, x, c, f in zip(slots, lowereds, (compiled, init), found)
+        for k, x, c, f in zip(slots, lowereds, codes, found)
         if k is not None and f is None
     ]
     compile_seconds = time.perf_counter() - toc + relocate_seconds
@@ -394,9 +406,20 @@ def compile_executable(
     if kind_key is not None and moved is None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None:
         # What XLA compiled, or the bytes that were loaded: never an executable that was
         # loaded or moved itself (`_executable_store.Portable`).
-        programs = [c if x is None else x[1] for c, x in zip((compiled, init), loads)]
+        programs = [c if x is None else x[1] for c, x in zip(codes, loads)]
         _BY_DEVICE_KIND.put(jax_fn, kind_key, programs[:n_programs])
     return result
+
+
+def serialized_before_run(problem: Problem) -> bool:
+    """Whether `problem`'s compiled step must be serialized (for the on-disk store, or to be
+    moved to another device) before it first runs: on a CPU, a program that applies any of
+    `_executable_store.SERIALIZED_BEFORE_RUN`."""
+    return (
+        problem.device.platform == "cpu"
+        and problem.jaxpr is not None
+        and uses_primitives(problem.jaxpr.jaxpr, _executable_store.SERIALIZED_BEFORE_RUN)
+    )
 
 
 def _hlo_text(exe: Executable) -> str:

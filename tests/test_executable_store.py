@@ -20,6 +20,7 @@ from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pymc_chunkpost import Loop, _executable_store, _planner, _postprocess, clear_caches
+from pymc_chunkpost.profiling import fixtures
 
 
 @pytest.fixture
@@ -70,6 +71,37 @@ def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress):
     expected = reference(jax_fn, raw)
     assert_same(first, expected)
     assert_same(again, expected)
+
+
+@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
+def test_a_program_that_sorts_is_stored_and_loaded(cache, monkeypatch, loop):
+    """XLA's CPU sort cannot be serialized once it has run (`SERIALIZED_BEFORE_RUN`): such a
+    step is serialized before its run, so that the next run loads it too."""
+    if loop is not Loop.NONE:
+        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    model = fixtures.integer_dets(n_groups=30)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    first, plan = _run(jax_fn, raw)
+    assert plan.loop is loop and _stored(cache)
+    again, cached = _run(jax_fn, raw)
+    assert "loaded from disk" in cached.reason
+    expected = reference(jax_fn, raw)
+    assert_same(first, expected)
+    assert_same(again, expected)
+
+
+def test_a_program_that_sorts_moves_to_another_device(compiles):
+    model = fixtures.integer_dets(n_groups=30)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    first, second = jax.devices()[:2]
+    clear_caches()
+    _postprocess.run(jax_fn, _on(first, raw), None, "auto")
+    assert compiles[0] == 1
+    outputs, _ = _postprocess.run(jax_fn, _on(second, raw), None, "auto")
+    assert compiles[0] == 1  # moved, not compiled again
+    assert_same(outputs, reference(jax_fn, raw))
 
 
 def test_other_data_of_the_same_shapes_never_hits(cache):
