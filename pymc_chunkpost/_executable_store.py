@@ -47,9 +47,10 @@ __all__ = [
     "portable",
     "relocate",
     "stop_loading",
+    "loading_stopped",
     "MAX_BYTES",
     "MAX_CONSTANT_BYTES",
-    "SERIALIZED_BEFORE_RUN",
+    "UNSERIALIZABLE_AFTER_RUN",
 ]
 
 #: Bumped when the file layout changes; older files are then never read.
@@ -74,7 +75,7 @@ _LOADER_FAILED = False
 #: fails to serialize ("`LessThan` is not serializable"). The executor serializes such
 #: programs right after compiling them (docs/strategies.md, "`auto` keeps its own
 #: executables").
-SERIALIZED_BEFORE_RUN = frozenset({"sort"})
+UNSERIALIZABLE_AFTER_RUN = frozenset({"sort"})
 #: Temporary files of a write that was killed are swept after this many seconds.
 STALE_TMP_SECONDS = 3600
 
@@ -150,8 +151,9 @@ def _program_digest(slot: Slot, lowered: Any) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class Portable:
-    """A one-device executable's serialized machine code, which `relocate` loads on any
-    device of the client and kind it was compiled for.
+    """An executable's serialized machine code: what the store writes, and, for a
+    one-device executable, what `relocate` loads on any device of the client and kind it
+    was compiled for.
 
     Invariant: it is serialized from an executable XLA compiled, never from one loaded from
     bytes (jaxlib 0.10's CPU client serializes a loaded one without its functions: it loads,
@@ -250,6 +252,11 @@ def relocate(code: Portable, device: Any) -> Any:
     return moved
 
 
+def loading_stopped() -> bool:
+    """Whether nothing more is stored, loaded or moved in this process (`stop_loading`)."""
+    return _LOADER_FAILED
+
+
 def stop_loading() -> None:
     """Nothing more is stored, loaded or moved in this process: an executable that this
     jaxlib loaded or moved failed to run."""
@@ -302,8 +309,9 @@ def start_worker() -> None:
 
 def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
     """Store `compiled` (of `lowered`; XLA's executable, or a `Portable` of it) in `slot` on a
-    background thread: digesting and serializing take 1-30 ms, off the caller's path.
-    Nothing is raised; Python waits for the thread at exit."""
+    background thread: digesting and serializing take 1-30 ms, off the caller's path (but
+    for a program in `UNSERIALIZABLE_AFTER_RUN`'s reach, which the executor serialized
+    before its run). Nothing is raised; Python waits for the thread at exit."""
     _submit(_save, slot, lowered, compiled)
 
 
@@ -316,17 +324,12 @@ def wait() -> None:
 
 
 def _save(slot: Slot, lowered: Any, compiled: Any) -> bool:
-    from jax.experimental import serialize_executable
-
     if _LOADER_FAILED:
         return False
-    if isinstance(compiled, Portable):
-        payload = compiled.payload
-    else:
-        try:
-            payload, _, _ = serialize_executable.serialize(compiled)
-        except Exception:  # noqa: BLE001 - a backend that cannot serialize stores nothing
-            return False
+    code = compiled if isinstance(compiled, Portable) else portable(compiled)
+    if code is None:  # a backend that cannot serialize stores nothing
+        return False
+    payload = code.payload
     data = MAGIC + _program_digest(slot, lowered) + hashlib.sha256(payload).digest() + payload
     if not write_bytes(slot.path, data):
         return False

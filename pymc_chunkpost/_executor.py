@@ -137,7 +137,7 @@ class Executable:
             False: compiled with `NO_LIBRARY_FUSIONS`.
         to_store: what `persist` hands to the on-disk store, (slot, lowered, compiled)
             each, the compiled step as a `_executable_store.Portable` where it was
-            serialized before running (`serialized_before_run`); emptied once handed
+            serialized before running (`must_serialize_before_run`); emptied once handed
             over, or by `release` for a candidate the planner rejects, so that no lowered
             module (a copy of the program's constants) stays in the cache.
     """
@@ -365,13 +365,15 @@ def compile_executable(
         if pending is not None:
             init = pending.result()
     # What is stored or moved later: the step as compiled, or, where it could no longer be
-    # serialized once it has run, its bytes taken now (`serialized_before_run`).
+    # serialized once it has run, its bytes taken now (`must_serialize_before_run`).
     step_code = compiled
+    movable = kind_key is not None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None
     if (
         moved is None
         and found[0] is None
-        and (slots[0] is not None or kind_key is not None)
-        and serialized_before_run(problem)
+        and (slots[0] is not None or movable)
+        and not _executable_store.loading_stopped()
+        and must_serialize_before_run(problem)
     ):
         step_code = _executable_store.portable(compiled) or compiled
     codes = (step_code, init)
@@ -403,22 +405,23 @@ def compile_executable(
         to_store=to_store,
     )
     _EXECUTABLES.put(jax_fn, key, result)
-    if kind_key is not None and moved is None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None:
-        # What XLA compiled, or the bytes that were loaded: never an executable that was
-        # loaded or moved itself (`_executable_store.Portable`).
+    if movable and moved is None:
+        # What XLA compiled (or its bytes, taken before it ran), or the bytes that were
+        # loaded: never an executable that was loaded or moved itself
+        # (`_executable_store.Portable`).
         programs = [c if x is None else x[1] for c, x in zip(codes, loads)]
         _BY_DEVICE_KIND.put(jax_fn, kind_key, programs[:n_programs])
     return result
 
 
-def serialized_before_run(problem: Problem) -> bool:
+def must_serialize_before_run(problem: Problem) -> bool:
     """Whether `problem`'s compiled step must be serialized (for the on-disk store, or to be
     moved to another device) before it first runs: on a CPU, a program that applies any of
-    `_executable_store.SERIALIZED_BEFORE_RUN`."""
+    `_executable_store.UNSERIALIZABLE_AFTER_RUN`."""
     return (
         problem.device.platform == "cpu"
         and problem.jaxpr is not None
-        and uses_primitives(problem.jaxpr.jaxpr, _executable_store.SERIALIZED_BEFORE_RUN)
+        and uses_primitives(problem.jaxpr.jaxpr, _executable_store.UNSERIALIZABLE_AFTER_RUN)
     )
 
 

@@ -73,17 +73,24 @@ def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress):
     assert_same(again, expected)
 
 
-@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
+@pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
 def test_a_program_that_sorts_is_stored_and_loaded(cache, monkeypatch, loop):
-    """XLA's CPU sort cannot be serialized once it has run (`SERIALIZED_BEFORE_RUN`): such a
-    step is serialized before its run, so that the next run loads it too."""
+    """XLA's CPU sort cannot be serialized once it has run (`UNSERIALIZABLE_AFTER_RUN`): such
+    a step is serialized before its run, so that the next run loads it too (with the host
+    loop's compiled fill, which does not sort, stored after the run)."""
+    from pymc_chunkpost import _executor
+
     if loop is not Loop.NONE:
         monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    if loop is Loop.HOST:
+        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
+        monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
     model = fixtures.integer_dets(n_groups=30)
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 2, 50)
     first, plan = _run(jax_fn, raw)
-    assert plan.loop is loop and _stored(cache)
+    assert plan.loop is loop
+    assert len(_stored(cache)) == (2 if loop is Loop.HOST else 1)  # the step, and the fill
     again, cached = _run(jax_fn, raw)
     assert "loaded from disk" in cached.reason
     expected = reference(jax_fn, raw)
