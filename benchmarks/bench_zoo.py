@@ -417,8 +417,31 @@ def summarise(runs: list[dict], cases: list[str]) -> list[dict]:
             if s and s["median_s"] is not None and best is not None:
                 ratio = s["median_s"] / anchors[best]
             row[f"{case}_ratio"] = ratio
+            row[f"{case}_paired"] = _paired(runs, model, case, best)
         summary.append(row)
     return summary
+
+
+def _paired(runs: list[dict], model: str, case: str, anchor: str | None) -> dict | None:
+    """`case`'s time over `anchor`'s in each round-robin repeat that ran both: the median
+    and spread of those ratios. Both ran in the same round, minutes apart at most, so a
+    slow spell of the machine divides out; the ratio of medians keeps it."""
+    if anchor is None:
+        return None
+    seconds: dict = {}
+    for r in runs:
+        if r["model"] == model and r["case"] in (case, anchor) and "error" not in r:
+            seconds.setdefault(r.get("repeat"), {})[r["case"]] = r["seconds"]
+    ratios = [x[case] / x[anchor] for x in seconds.values() if case in x and anchor in x]
+    if not ratios:
+        return None
+    return {"median": _median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+
+
+def _paired_text(paired: dict | None) -> str:
+    if paired is None:
+        return "–"
+    return f"{paired['median']:.2f} ({paired['min']:.2f}-{paired['max']:.2f})"
 
 
 def _plan_text(plan: dict) -> str:
@@ -437,16 +460,18 @@ def _f(x, spec=".3f", missing="–"):
 def tables(summary: list[dict]) -> str:
     """The markdown: one line per model, then one table per model."""
     lines = [
-        "| model | best anchor | best s | cold auto s | cold / best | warm auto s | warm / best "
-        "| auto plan | auto peak / floor |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "| model | best anchor | best s | cold auto s | cold / best | cold / best, paired "
+        "| warm auto s | warm / best | warm / best, paired | auto plan | auto peak / floor |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in summary:
         cold, warm = row["cases"].get("auto_cold", {}), row["cases"].get("auto_warm", {})
         lines.append(
             f"| {row['model']} | {row['best_anchor'] or '–'} | {_f(row['best_anchor_s'])} | "
             f"{_f(cold.get('median_s'))} | {_f(row['auto_cold_ratio'], '.2f')} | "
+            f"{_paired_text(row.get('auto_cold_paired'))} | "
             f"{_f(warm.get('median_s'))} | {_f(row['auto_warm_ratio'], '.2f')} | "
+            f"{_paired_text(row.get('auto_warm_paired'))} | "
             f"{'; '.join(cold.get('plans', [])) or '–'} | {_peak_ratio(cold)} |"
         )
     for row in summary:
@@ -544,7 +569,9 @@ def _header(args, models, cases) -> str:
         f"cases {', '.join(cases)}; each run in a fresh process, {args.repeats} round-robin "
         "repeats, median [min-max] of the seconds from just before the call to "
         "`block_until_ready` (tracing, planning and compiling included). Ratios are of "
-        "medians; the best anchor is the fastest non-`auto` case whose outputs equal pymc's."
+        "medians; the best anchor is the fastest non-`auto` case whose outputs equal pymc's. "
+        "A paired ratio is the median [min-max] over repeats of `auto`'s time over the best "
+        "anchor's in the same repeat."
     )
 
 

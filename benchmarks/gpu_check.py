@@ -358,7 +358,7 @@ def child_store(quick: str) -> dict:
     import numpy as np
     from pymc.sampling.jax import _postprocess_samples
 
-    from pymc_chunkpost import _executable_store
+    from pymc_chunkpost import _disk
     from pymc_chunkpost._postprocess import run
     from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws
 
@@ -385,7 +385,7 @@ def child_store(quick: str) -> dict:
                     "devices": sorted({str(d) for o in outputs for d in o.devices()}),
                 }
             )
-    _executable_store.wait()
+    _disk.wait()
     return {"platform": jax.devices()[0].platform, "rows": rows}
 
 

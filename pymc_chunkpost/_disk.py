@@ -4,18 +4,43 @@ Invariants: a reader sees a whole file or none (writes go to a temporary file th
 into place), and no failure of the disk (a read-only or missing home, a full disk, a corrupt
 file, another process writing the same name) ever raises: it reads as "no entry" and skips
 the write, so the caches can only save time.
+
+Writes that the caller need not wait for go to one background thread (`later`), which Python
+waits for at exit. A file written later reads back at once in this process: `read_bytes`
+sees a pending write before it reaches the disk.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 
-__all__ = ["cache_dir", "read_bytes", "write_bytes"]
+__all__ = ["cache_dir", "read_bytes", "write_bytes", "write_later", "later", "wait"]
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_LOCK = threading.Lock()
+#: Files queued by `write_later` and not yet on disk: what `read_bytes` returns for them.
+_PENDING: dict[Path, bytes] = {}
+
+
+def _reset_after_fork() -> None:
+    global _POOL, _LOCK
+    # The parent's worker thread does not exist in the child, nor do its queued writes, and
+    # its lock may have been held by another thread at the fork.
+    _POOL, _LOCK = None, threading.Lock()
+    _PENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def cache_dir() -> Path | None:
@@ -36,7 +61,12 @@ def cache_dir() -> Path | None:
 
 
 def read_bytes(path: Path) -> bytes | None:
-    """The file's bytes, or None where it cannot be read."""
+    """The file's bytes (or those of a write still queued for it), or None where it cannot
+    be read."""
+    with _LOCK:
+        pending = _PENDING.get(path)
+    if pending is not None:
+        return pending
     try:
         return path.read_bytes()
     except OSError:
@@ -60,3 +90,40 @@ def write_bytes(path: Path, data: bytes) -> bool:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         return False
+
+
+def later(task: Callable[..., Any], *args: Any) -> None:
+    """Run `task(*args)` on the background thread, after what was queued before it; nothing
+    is raised (at interpreter shutdown the task is dropped)."""
+    global _POOL
+    with _LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pymc_chunkpost")
+        with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
+            _POOL.submit(task, *args)
+
+
+def write_later(path: Path, data: bytes) -> None:
+    """`write_bytes` on the background thread, off the caller's path (docs/strategies.md);
+    `read_bytes` reads it back at once."""
+    with _LOCK:
+        _PENDING[path] = data
+    later(_write_pending, path, data)
+
+
+def _write_pending(path: Path, data: bytes) -> None:
+    try:
+        write_bytes(path, data)
+    finally:
+        with _LOCK:
+            if _PENDING.get(path) is data:  # not since replaced by a newer write
+                del _PENDING[path]
+
+
+def wait() -> None:
+    """Block until everything queued on the background thread has run (tests, and before
+    reading the folder by other means than `read_bytes`)."""
+    with _LOCK:
+        pool = _POOL
+    if pool is not None:
+        pool.submit(lambda: None).result()

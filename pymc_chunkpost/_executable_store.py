@@ -19,30 +19,27 @@ own cache folder, and `PYMC_CHUNKPOST_CACHE_DIR=""` turns it off.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
 import io
 import os
 import pickle
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from ._disk import cache_dir, read_bytes, write_bytes
+from ._disk import cache_dir, later, read_bytes, write_bytes
 
 __all__ = [
     "Slot",
     "slot_for",
     "load",
     "save_later",
-    "wait",
     "Portable",
     "portable",
     "relocate",
@@ -64,8 +61,6 @@ MAX_BYTES = 256 * 2**20
 MAX_CONSTANT_BYTES = 16 * 2**20
 SUBFOLDER = "executables"
 
-_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 #: Set once this jaxlib failed to load a whole, checksummed file, or an executable it loaded
 #: or moved failed to run (`stop_loading`): nothing more is stored, loaded or moved in this
 #: process (some CPUs' loaders reject XLA's own files, as reported upstream).
@@ -78,15 +73,6 @@ _LOADER_FAILED = False
 UNSERIALIZABLE_AFTER_RUN = frozenset({"sort"})
 #: Temporary files of a write that was killed are swept after this many seconds.
 STALE_TMP_SECONDS = 3600
-
-
-def _reset_after_fork() -> None:
-    global _POOL
-    _POOL = None  # the parent's worker thread does not exist in the child
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,11 +166,11 @@ def load(slot: Slot, lowered: Any) -> tuple[Any, Portable] | None:
     """The stored `jax.stages.Compiled` of `lowered`, loaded on the slot's devices, and the
     bytes it was loaded from; None on a miss."""
     global _LOADER_FAILED
-    from jax.experimental import serialize_executable
-
     data = read_bytes(slot.path)
     if data is None or not data.startswith(MAGIC):
-        return None
+        return None  # a miss costs no import: the worker imports the serializer (`start_worker`)
+    from jax.experimental import serialize_executable
+
     start = len(MAGIC)
     program, digest = data[start : start + 32], data[start + 32 : start + 64]
     payload = data[start + 64 :]
@@ -284,17 +270,6 @@ class _Relocating(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid[0]!r}")
 
 
-def _submit(task: Callable[..., Any], *args: Any) -> None:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pymc_chunkpost")
-        try:
-            _POOL.submit(task, *args)
-        except RuntimeError:  # the interpreter is shutting down: nothing is stored
-            pass
-
-
 def _import_serializer() -> None:
     from jax.experimental import serialize_executable  # noqa: F401
 
@@ -304,7 +279,7 @@ def start_worker() -> None:
     compiles (which releases the GIL), so that neither lands on the caller's path later.
     Started after the run instead, they held the GIL for 2-3 ms before the call could
     return (docs/strategies.md)."""
-    _submit(_import_serializer)
+    later(_import_serializer)
 
 
 def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
@@ -312,15 +287,7 @@ def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
     background thread: digesting and serializing take 1-30 ms, off the caller's path (but
     for a program in `UNSERIALIZABLE_AFTER_RUN`'s reach, which the executor serialized
     before its run). Nothing is raised; Python waits for the thread at exit."""
-    _submit(_save, slot, lowered, compiled)
-
-
-def wait() -> None:
-    """Block until every background save has finished (tests, and before reading the store)."""
-    with _POOL_LOCK:
-        pool = _POOL
-    if pool is not None:
-        pool.submit(lambda: None).result()
+    later(_save, slot, lowered, compiled)
 
 
 def _save(slot: Slot, lowered: Any, compiled: Any) -> bool:

@@ -15,10 +15,10 @@ from typing import Any
 
 import jax
 
-from ._disk import cache_dir, read_bytes, write_bytes
+from ._disk import cache_dir, read_bytes, wait, write_bytes, write_later
 from ._problem import Problem
 
-__all__ = ["cache_dir", "tuning_key", "load", "store"]
+__all__ = ["cache_dir", "tuning_key", "load", "store", "store_later"]
 
 #: Bumped when the meaning of an entry changes; older entries are then ignored.
 FORMAT = 1
@@ -65,8 +65,21 @@ def load(key: str) -> dict[str, Any] | None:
 
 
 def store(key: str, entry: dict[str, Any]) -> bool:
-    """Write `entry` under `key`; False (and nothing raised) where that is not possible."""
+    """Write `entry` under `key` now, after any write still queued (`store_later`); False
+    (and nothing raised) where that is not possible."""
     root = cache_dir()
     if root is None:
         return False
-    return write_bytes(root / f"{key}.json", json.dumps({"format": FORMAT, **entry}).encode())
+    wait()
+    return write_bytes(root / f"{key}.json", _encode(entry))
+
+
+def store_later(key: str, entry: dict[str, Any]) -> None:
+    """`store` on the background thread (`_disk.write_later`): `load` reads it back at once."""
+    root = cache_dir()
+    if root is not None:
+        write_later(root / f"{key}.json", _encode(entry))
+
+
+def _encode(entry: dict[str, Any]) -> bytes:
+    return json.dumps({"format": FORMAT, **entry}).encode()

@@ -53,6 +53,10 @@ def test_smoke_run_writes_runs_summary_and_tables(tmp_path, bench):
             row["cases"]["auto_cold"]["median_s"] / row["best_anchor_s"]
         )
         assert row["auto_warm_ratio"] > 0
+        assert row["auto_cold_paired"]["n"] == 1  # one repeat: its own ratio
+        assert row["auto_cold_paired"]["median"] == pytest.approx(
+            row["auto_cold_ratio"]  # one run per case: the median is that run
+        )
     text = out_md.read_text()
     assert "| model | best anchor |" in text
     assert all(f"**{model}**" in text for model in bench.SMOKE_MODELS)
@@ -145,3 +149,23 @@ def test_list_names_the_zoo():
     assert done.returncode == 0, done.stderr[-2000:]
     listed = [line.split()[0] for line in done.stdout.splitlines() if not line.startswith("cases")]
     assert listed == list(ZOO)
+
+
+def test_paired_ratios_divide_out_a_slow_round(bench):
+    """Rounds 1 and 2 ran slow spells: the ratio of medians puts `auto` at 2.1x the anchor,
+    the paired ratio at 1.1x, the median of what each round measured (1.0, 1.1, 2.1)."""
+    runs = [
+        {"model": "m", "case": c, "repeat": r, "seconds": t, "peak_extra_bytes": 1,
+         "floor_bytes": 1, "matches_pymc": True, "output_devices": 1}
+        for c, r, t in [
+            ("auto_cold", 0, 1.0), ("lax_map:8", 0, 1.0),
+            ("auto_cold", 1, 2.2), ("lax_map:8", 1, 2.0),
+            ("auto_cold", 2, 2.1), ("lax_map:8", 2, 1.0),
+        ]
+    ]  # fmt: skip
+    (row,) = bench.summarise(runs, ["auto_cold", "lax_map:8"])
+    assert row["best_anchor"] == "lax_map:8"
+    assert row["auto_cold_ratio"] == pytest.approx(2.1 / 1.0)
+    assert row["auto_cold_paired"] == pytest.approx({"median": 1.1, "min": 1.0, "max": 2.1, "n": 3})
+    assert row["auto_warm_paired"] is None
+    assert "| 2.10 | 1.10 (1.00-2.10) |" in bench.tables([row])

@@ -19,7 +19,7 @@ import pytest
 from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pymc_chunkpost import Loop, _executable_store, _planner, _postprocess, clear_caches
+from pymc_chunkpost import Loop, _disk, _executable_store, _planner, _postprocess, clear_caches
 from pymc_chunkpost.profiling import fixtures
 
 
@@ -29,7 +29,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", str(tmp_path))
     clear_caches()
     yield tmp_path
-    _executable_store.wait()
+    _disk.wait()
     clear_caches()
 
 
@@ -39,7 +39,7 @@ def _run(jax_fn, raw, **options):
     outputs, plan = _postprocess.run(
         jax_fn, [jnp.asarray(x) for x in raw], None, "auto", True, **options
     )
-    _executable_store.wait()
+    _disk.wait()
     return outputs, plan
 
 
@@ -216,7 +216,7 @@ def test_fixed_strategies_store_nothing(cache):
     raw = models.raw_draws(model, 2, 50)
     clear_caches()
     _postprocess.run(jax_fn, [jnp.asarray(x) for x in raw], None, "chunked", chunk_size=10)
-    _executable_store.wait()
+    _disk.wait()
     assert not _stored(cache)
 
 
@@ -235,7 +235,7 @@ def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
         clear_caches()
         raw = [jax.device_put(jnp.asarray(x), sharding) for x in host]
         outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
-        _executable_store.wait()
+        _disk.wait()
         return outputs, plan
 
     run()

@@ -15,7 +15,7 @@ from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _planner, _postprocess
+from pymc_chunkpost import _disk, _planner, _postprocess
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 
@@ -256,15 +256,13 @@ def test_plan_of_a_deadlock_prone_call_is_the_shard_by_shard_run(gp, monkeypatch
 def test_shard_by_shard_plan_says_what_the_first_shard_chose(gp, monkeypatch, tmp_path):
     """The later shards start from the tuning entry that the first one stored; the plan of a
     cold run still says what was chosen, and how, not "from the tuning cache"."""
-    from pymc_chunkpost import _executable_store
-
     _, jax_fn, raw = gp
     _deadlock_prone(monkeypatch)
     monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", str(tmp_path))
     try:
         _, ran = _postprocess.run(jax_fn, _sharded(raw, SPECS["draws"]), None, "auto")
     finally:
-        _executable_store.wait()
+        _disk.wait()
     assert list(tmp_path.glob("*.json")), "the first shard stored its plan"
     assert ran.n_devices == 4
     assert ran.source == "rule" and "tuning cache" not in ran.reason

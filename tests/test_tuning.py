@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import assert_same, problem_of, reference
 
-from pymc_chunkpost import _planner, _postprocess, _tuning
+from pymc_chunkpost import _disk, _planner, _postprocess, _tuning
 from pymc_chunkpost._executor import has_library_fusions, library_reductions
 
 
@@ -32,6 +32,12 @@ def cache(tmp_path, monkeypatch):
     """A fresh tuning-cache folder for this test."""
     monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", str(tmp_path))
     return tmp_path
+
+
+def _stored(cache):
+    """The tuning entries on disk, once the background writes have landed."""
+    _disk.wait()
+    return sorted(cache.glob("*.json"))
 
 
 def _table(best: int):
@@ -120,12 +126,12 @@ def test_a_run_far_shorter_than_its_first_chunks_projected_keeps_the_rules_size(
     assert plan.source == "rule" and plan.chunk_size == 8, plan.reason
     assert len(plan.tuning_seconds) > 1  # what was timed is still reported
     assert_same(outputs, reference(jax_fn, raw))
-    (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    (entry,) = [json.loads(p.read_text()) for p in _stored(cache)]
     assert entry["chunk_size"] == 8 and "not kept" in entry["why"]
     _, again = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
     assert again.source == "cache" and again.chunk_size == 8
     # The same run with the measurement trusted keeps what it measured.
-    for path in cache.glob("*.json"):
+    for path in _stored(cache):
         path.unlink()
     monkeypatch.setattr(_planner, "TUNE_TRUST_FRACTION", 0.0)
     _, trusted = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
@@ -190,7 +196,7 @@ def test_the_loop_without_library_fusions_runs_where_it_measured_faster(
     assert {s.chunk_size for s in ran_steps} == {plan.chunk_size}  # the same chunk, twice
     _close_to(outputs, reference(jax_fn, raw))
     # Kept, though the run took a moment where its first chunks projected far longer.
-    (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    (entry,) = [json.loads(p.read_text()) for p in _stored(cache)]
     assert entry["library_fusions"] is False, entry
     # The next run starts where this one ended: the same chunk, compiled the same way.
     again_outputs, again = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
@@ -208,7 +214,7 @@ def test_library_fusions_stay_where_they_measured_faster_or_about_as_fast(
     assert plan.library_fusions and ran_steps[-1].library_fusions, plan.reason
     assert "with XLA's library fusions (measured" in plan.reason
     _close_to(outputs, reference(jax_fn, raw))
-    (entry,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    (entry,) = [json.loads(p.read_text()) for p in _stored(cache)]
     assert entry["library_fusions"] is True
 
 
@@ -327,7 +333,7 @@ class TestCache:
         raw = models.raw_draws(model, 4, 250)
         _, tuned = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
         assert tuned.source == "measured"
-        assert len(list(cache.glob("*.json"))) == 1
+        assert len(list(_stored(cache))) == 1
         outputs, again = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
         assert again.source == "cache" and again.chunk_size == tuned.chunk_size
         assert "tuning cache" in again.reason
@@ -339,7 +345,7 @@ class TestCache:
         _postprocess.run(jax_fn, models.raw_draws(model, 4, 250), None, "auto")
         _, other = _postprocess.run(jax_fn, models.raw_draws(model, 4, 251), None, "auto")
         assert other.source != "cache"
-        assert len(list(cache.glob("*.json"))) == 2
+        assert len(list(_stored(cache))) == 2
 
     def test_a_stale_or_corrupt_entry_is_a_miss(self, built, cache):
         model, jax_fn = built("structured")
@@ -364,6 +370,37 @@ class TestCache:
             assert _tuning.store(key, bad)
             _, plan = _postprocess.run(jax_fn, raw, None, "auto")
             assert plan.source == "rule" and plan.library_fusions, bad
+
+    def test_a_queued_entry_reads_back_before_it_lands(self, cache):
+        """`store_later` writes on the background thread; this process reads the entry at
+        once, and a later `store` of the same key lands after it, not under it."""
+        release = threading.Event()
+        _disk.later(release.wait, 10)  # the background thread is busy until released
+        try:
+            _tuning.store_later("k", {"loop": "host", "chunk_size": 3})
+            assert not (cache / "k.json").exists()
+            assert _tuning.load("k")["chunk_size"] == 3
+        finally:
+            release.set()
+        _disk.wait()
+        assert json.loads((cache / "k.json").read_text())["chunk_size"] == 3
+        assert not _disk._PENDING
+        _disk.later(release.clear)
+        _disk.later(release.wait, 10)
+        _tuning.store_later("k", {"loop": "host", "chunk_size": 4})
+        waiter = threading.Timer(0.2, release.set)
+        waiter.start()
+        assert _tuning.store("k", {"loop": "host", "chunk_size": 5})  # waits for the queue
+        waiter.join()
+        _disk.wait()
+        assert _tuning.load("k")["chunk_size"] == 5
+
+    def test_a_planned_run_stores_its_entry(self, built, cache):
+        model, jax_fn = built("structured")
+        raw = models.raw_draws(model, 2, 50)
+        _, plan = _postprocess.run(jax_fn, raw, None, "auto")
+        (entry,) = [json.loads(p.read_text()) for p in _stored(cache)]
+        assert entry["loop"] == plan.loop.value and entry["chunk_size"] == plan.chunk_size
 
     def test_two_writers(self, cache):
         """Concurrent writers of one key: every reader sees one whole entry."""
