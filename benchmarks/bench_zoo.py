@@ -431,6 +431,8 @@ def _paired(runs: list[dict], model: str, case: str, anchor: str | None) -> dict
     seconds: dict = {}
     for r in runs:
         if r["model"] == model and r["case"] in (case, anchor) and "error" not in r:
+            if r.get("repeat") is None:
+                continue  # unpaired: no round to pair it with
             seconds.setdefault(r.get("repeat"), {})[r["case"]] = r["seconds"]
     ratios = [x[case] / x[anchor] for x in seconds.values() if case in x and anchor in x]
     if not ratios:
@@ -570,7 +572,7 @@ def _header(args, models, cases) -> str:
         "repeats, median [min-max] of the seconds from just before the call to "
         "`block_until_ready` (tracing, planning and compiling included). Ratios are of "
         "medians; the best anchor is the fastest non-`auto` case whose outputs equal pymc's. "
-        "A paired ratio is the median [min-max] over repeats of `auto`'s time over the best "
+        "A paired ratio is the median (min-max) over repeats of `auto`'s time over the best "
         "anchor's in the same repeat."
     )
 

@@ -26,16 +26,17 @@ import jax
 __all__ = ["cache_dir", "read_bytes", "write_bytes", "write_later", "later", "wait"]
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_WORKER: int | None = None  # the background thread's ident, once it has started
 _LOCK = threading.Lock()
 #: Files queued by `write_later` and not yet on disk: what `read_bytes` returns for them.
 _PENDING: dict[Path, bytes] = {}
 
 
 def _reset_after_fork() -> None:
-    global _POOL, _LOCK
+    global _POOL, _WORKER, _LOCK
     # The parent's worker thread does not exist in the child, nor do its queued writes, and
     # its lock may have been held by another thread at the fork.
-    _POOL, _LOCK = None, threading.Lock()
+    _POOL, _WORKER, _LOCK = None, None, threading.Lock()
     _PENDING.clear()
 
 
@@ -50,14 +51,15 @@ def cache_dir() -> Path | None:
     persistent compilation cache is set, else `$XDG_CACHE_HOME/pymc_chunkpost`
     (`~/.cache/pymc_chunkpost`).
     """
+    # Absolute: a write queued now lands in the same folder after an `os.chdir`.
     explicit = os.environ.get("PYMC_CHUNKPOST_CACHE_DIR")
     if explicit is not None:
-        return Path(explicit) if explicit else None
+        return Path(explicit).absolute() if explicit else None
     jax_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
     if jax_dir:
-        return Path(jax_dir) / "pymc_chunkpost"
+        return Path(jax_dir).absolute() / "pymc_chunkpost"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pymc_chunkpost"
+    return Path(base).absolute() / "pymc_chunkpost"
 
 
 def read_bytes(path: Path) -> bytes | None:
@@ -92,15 +94,25 @@ def write_bytes(path: Path, data: bytes) -> bool:
         return False
 
 
-def later(task: Callable[..., Any], *args: Any) -> None:
-    """Run `task(*args)` on the background thread, after what was queued before it; nothing
-    is raised (at interpreter shutdown the task is dropped)."""
+def later(task: Callable[..., Any], *args: Any) -> bool:
+    """Run `task(*args)` on the background thread, after what was queued before it. False
+    (nothing raised) where it cannot be queued: the interpreter is shutting down."""
     global _POOL
     with _LOCK:
         if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pymc_chunkpost")
-        with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
+            _POOL = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="pymc_chunkpost", initializer=_started
+            )
+        try:
             _POOL.submit(task, *args)
+        except RuntimeError:
+            return False
+    return True
+
+
+def _started() -> None:
+    global _WORKER
+    _WORKER = threading.get_ident()
 
 
 def write_later(path: Path, data: bytes) -> None:
@@ -108,22 +120,32 @@ def write_later(path: Path, data: bytes) -> None:
     `read_bytes` reads it back at once."""
     with _LOCK:
         _PENDING[path] = data
-    later(_write_pending, path, data)
+    if not later(_write_pending, path, data):
+        _forget(path, data)
 
 
 def _write_pending(path: Path, data: bytes) -> None:
     try:
         write_bytes(path, data)
     finally:
-        with _LOCK:
-            if _PENDING.get(path) is data:  # not since replaced by a newer write
-                del _PENDING[path]
+        _forget(path, data)
+
+
+def _forget(path: Path, data: bytes) -> None:
+    with _LOCK:
+        if _PENDING.get(path) is data:  # not since replaced by a newer write
+            del _PENDING[path]
 
 
 def wait() -> None:
     """Block until everything queued on the background thread has run (tests, and before
-    reading the folder by other means than `read_bytes`)."""
+    reading the folder by other means than `read_bytes`). A no-op on that thread itself,
+    which would otherwise wait for itself, and once the interpreter is shutting down."""
     with _LOCK:
         pool = _POOL
-    if pool is not None:
+    if pool is None or threading.get_ident() == _WORKER:
+        return
+    try:
         pool.submit(lambda: None).result()
+    except RuntimeError:
+        return

@@ -371,7 +371,7 @@ class TestCache:
             _, plan = _postprocess.run(jax_fn, raw, None, "auto")
             assert plan.source == "rule" and plan.library_fusions, bad
 
-    def test_a_queued_entry_reads_back_before_it_lands(self, cache):
+    def test_a_queued_entry_reads_back_before_it_lands(self, cache, monkeypatch):
         """`store_later` writes on the background thread; this process reads the entry at
         once, and a later `store` of the same key lands after it, not under it."""
         release = threading.Event()
@@ -385,13 +385,16 @@ class TestCache:
         _disk.wait()
         assert json.loads((cache / "k.json").read_text())["chunk_size"] == 3
         assert not _disk._PENDING
-        _disk.later(release.clear)
-        _disk.later(release.wait, 10)
+        gate = threading.Event()
+        _disk.later(gate.wait, 10)
         _tuning.store_later("k", {"loop": "host", "chunk_size": 4})
-        waiter = threading.Timer(0.2, release.set)
-        waiter.start()
-        assert _tuning.store("k", {"loop": "host", "chunk_size": 5})  # waits for the queue
-        waiter.join()
+        # The queue moves only once `store` waits for it: a `store` that did not wait would
+        # write 5 first, and the queued 4 would land over it.
+        monkeypatch.setattr(_tuning, "wait", lambda: (gate.set(), _disk.wait()))
+        try:
+            assert _tuning.store("k", {"loop": "host", "chunk_size": 5})
+        finally:
+            gate.set()
         _disk.wait()
         assert _tuning.load("k")["chunk_size"] == 5
 
@@ -401,6 +404,14 @@ class TestCache:
         _, plan = _postprocess.run(jax_fn, raw, None, "auto")
         (entry,) = [json.loads(p.read_text()) for p in _stored(cache)]
         assert entry["loop"] == plan.loop.value and entry["chunk_size"] == plan.chunk_size
+
+    def test_the_background_thread_never_waits_for_itself(self):
+        done = threading.Event()
+        _disk.later(lambda: (_disk.wait(), done.set()))
+        if not done.wait(10):  # it waits for its own queue: cancel that wait, then fail
+            _disk._POOL.shutdown(wait=False, cancel_futures=True)
+            _disk._POOL = None
+            pytest.fail("_disk.wait() on the background thread waited for itself")
 
     def test_two_writers(self, cache):
         """Concurrent writers of one key: every reader sees one whole entry."""
