@@ -57,7 +57,7 @@ timed(_planner, "resolve_budget", "budget")
 timed(_postprocess, "execute", "execute")
 for name in ("slot_for", "load", "start_worker", "save_later"):
     timed(_executable_store, name, "store." + name)
-for name in ("tuning_key", "load", "store_later"):
+for name in ("tuning_key", "load", "store"):
     timed(_tuning, name, "tuning." + name)
 tic = time.perf_counter()
 if case == "auto":

@@ -703,7 +703,7 @@ def first_attempt(
                     problem, budget, whole, "vmap", reason, "rule", time.perf_counter() - tic
                 )
                 entry = {"loop": Loop.NONE.value, "chunk_size": None, "why": "compiled analysis"}
-                _tuning.store_later(key, entry)
+                _tuning.store(key, entry)
                 return Attempt(plan, whole)
             per_item_temp = whole.temp_bytes / max(n, 1)  # the compiled evidence overrules
             release(whole)
@@ -1121,7 +1121,7 @@ class Tuner:
             "library_fusions": library,
             "why": why,
         }
-        _tuning.store_later(
+        _tuning.store(
             self._key, entry | {"seconds_per_draw": {str(k): v for k, v in rates.items()}}
         )
         self.stored_library_fusions = library

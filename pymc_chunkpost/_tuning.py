@@ -15,10 +15,10 @@ from typing import Any
 
 import jax
 
-from ._disk import cache_dir, read_bytes, wait, write_bytes, write_later
+from ._disk import cache_dir, read_bytes, write_later
 from ._problem import Problem
 
-__all__ = ["cache_dir", "tuning_key", "load", "store", "store_later"]
+__all__ = ["cache_dir", "tuning_key", "load", "store"]
 
 #: Bumped when the meaning of an entry changes; older entries are then ignored.
 FORMAT = 1
@@ -64,18 +64,9 @@ def load(key: str) -> dict[str, Any] | None:
     return entry
 
 
-def store(key: str, entry: dict[str, Any]) -> bool:
-    """Write `entry` under `key` now, after any write still queued (`store_later`); False
-    (and nothing raised) where that is not possible."""
-    root = cache_dir()
-    if root is None:
-        return False
-    wait()
-    return write_bytes(root / f"{key}.json", _encode(entry))
-
-
-def store_later(key: str, entry: dict[str, Any]) -> None:
-    """`store` on the background thread (`_disk.write_later`): `load` reads it back at once."""
+def store(key: str, entry: dict[str, Any]) -> None:
+    """Write `entry` under `key` on the background thread, off the caller's path
+    (`_disk.write_later`): `load` reads it back at once; a write that fails is skipped."""
     root = cache_dir()
     if root is not None:
         write_later(root / f"{key}.json", _encode(entry))

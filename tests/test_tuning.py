@@ -351,8 +351,9 @@ class TestCache:
         model, jax_fn = built("structured")
         raw = models.raw_draws(model, 2, 50)
         key = _tuning.tuning_key(problem_of(jax_fn, raw), "auto|device")
-        assert _tuning.store(key, {"loop": "host", "chunk_size": 5})
+        _tuning.store(key, {"loop": "host", "chunk_size": 5})
         assert _tuning.load(key)["chunk_size"] == 5
+        _disk.wait()
         entry = json.loads((cache / f"{key}.json").read_text())
         (cache / f"{key}.json").write_text(json.dumps(entry | {"format": -1}))
         assert _tuning.load(key) is None  # another format
@@ -367,36 +368,33 @@ class TestCache:
             {"loop": "none", "chunk_size": None, "library_fusions": False},
             {"loop": "xla", "chunk_size": 5, "library_fusions": "no"},
         ):
-            assert _tuning.store(key, bad)
+            _tuning.store(key, bad)
             _, plan = _postprocess.run(jax_fn, raw, None, "auto")
             assert plan.source == "rule" and plan.library_fusions, bad
 
-    def test_a_queued_entry_reads_back_before_it_lands(self, cache, monkeypatch):
-        """`store_later` writes on the background thread; this process reads the entry at
-        once, and a later `store` of the same key lands after it, not under it."""
-        release = threading.Event()
-        _disk.later(release.wait, 10)  # the background thread is busy until released
+    def test_a_queued_entry_reads_back_before_it_lands(self, cache):
+        """`store` writes on the background thread; this process reads the newest entry at
+        once, whatever has landed, and two writes of one key land in order."""
+        first, second, landed = threading.Event(), threading.Event(), threading.Event()
+        _disk.later(first.wait, 10)  # the background thread is busy until released
         try:
-            _tuning.store_later("k", {"loop": "host", "chunk_size": 3})
+            _tuning.store("k", {"loop": "host", "chunk_size": 3})
+            _disk.later(landed.set)
+            _disk.later(second.wait, 10)
+            _tuning.store("k", {"loop": "host", "chunk_size": 4})
             assert not (cache / "k.json").exists()
-            assert _tuning.load("k")["chunk_size"] == 3
+            assert _tuning.load("k")["chunk_size"] == 4
+            first.set()
+            assert landed.wait(10)
+            # 3 is on disk, 4 still queued: the newer one is read, not the one that landed.
+            assert json.loads((cache / "k.json").read_text())["chunk_size"] == 3
+            assert _tuning.load("k")["chunk_size"] == 4
         finally:
-            release.set()
+            first.set()
+            second.set()
         _disk.wait()
-        assert json.loads((cache / "k.json").read_text())["chunk_size"] == 3
+        assert json.loads((cache / "k.json").read_text())["chunk_size"] == 4
         assert not _disk._PENDING
-        gate = threading.Event()
-        _disk.later(gate.wait, 10)
-        _tuning.store_later("k", {"loop": "host", "chunk_size": 4})
-        # The queue moves only once `store` waits for it: a `store` that did not wait would
-        # write 5 first, and the queued 4 would land over it.
-        monkeypatch.setattr(_tuning, "wait", lambda: (gate.set(), _disk.wait()))
-        try:
-            assert _tuning.store("k", {"loop": "host", "chunk_size": 5})
-        finally:
-            gate.set()
-        _disk.wait()
-        assert _tuning.load("k")["chunk_size"] == 5
 
     def test_a_planned_run_stores_its_entry(self, built, cache):
         model, jax_fn = built("structured")
@@ -414,12 +412,15 @@ class TestCache:
             pytest.fail("_disk.wait() on the background thread waited for itself")
 
     def test_two_writers(self, cache):
-        """Concurrent writers of one key: every reader sees one whole entry."""
+        """Concurrent writers of one key (processes, each writing from its own thread):
+        every reader sees one whole entry."""
         errors = []
 
         def write(i):
             for _ in range(50):
-                _tuning.store("k", {"loop": "host", "chunk_size": i})
+                _disk.write_bytes(
+                    cache / "k.json", _tuning._encode({"loop": "host", "chunk_size": i})
+                )
                 entry = _tuning.load("k")
                 if entry is None or entry["chunk_size"] not in range(8):
                     errors.append(entry)
@@ -436,7 +437,9 @@ class TestCache:
     def test_a_read_only_folder(self, cache):
         cache.chmod(0o500)
         try:
-            assert not _tuning.store("k", {"loop": "host", "chunk_size": 1})
+            _tuning.store("k", {"loop": "host", "chunk_size": 1})  # nothing raised
+            _disk.wait()
+            assert _tuning.load("k") is None and not list(cache.iterdir())
         finally:
             cache.chmod(0o700)
 
@@ -444,7 +447,8 @@ class TestCache:
         blocker = tmp_path / "file"
         blocker.write_text("not a folder")
         monkeypatch.setenv("PYMC_CHUNKPOST_CACHE_DIR", str(blocker / "cache"))
-        assert not _tuning.store("k", {"loop": "host", "chunk_size": 1})
+        _tuning.store("k", {"loop": "host", "chunk_size": 1})  # nothing raised
+        _disk.wait()
         assert _tuning.load("k") is None
         model, jax_fn = built("structured")
         raw = models.raw_draws(model, 2, 50)
