@@ -9,7 +9,8 @@ output as a numpy array. Peak extra memory is `VmHWM` minus `VmRSS` before the f
 Cases (same chunk size for all):
 - `device`: `jax.jit(chunked_vmap(jax_fn, chunk_size))` then `np.asarray` of each output (on a
   CPU a zero-copy, read-only view): the "device" output memory of the package today.
-- `host_view`, `host_pinned_copy`, `host_pinned_output`: `stream_to_host` with each `Transfer`.
+- `host_view`, `host_pinned_copy`: `stream_to_host` with each `Transfer`; `host_pinned_output`:
+  a step compiled with its outputs in `pinned_host` memory (`compile_pinned_output`).
 
 Run: `python benchmarks/bench_host_output.py [--repeat 3] [--n-obs 30000] [--chunk-size 128]`
 (prints a markdown table; cases alternate round-robin so that a shared machine's noise spreads).
@@ -61,8 +62,12 @@ def child(case: str, n_obs: int, chains: int, draws: int, chunk_size: int) -> di
             outs = compiled(*[x.reshape((n,) + x.shape[2:]) for x in raw])
             return [np.asarray(o).reshape((chains, draws) + o.shape[1:]) for o in outs]
     else:
-        transfer = Transfer(case.removeprefix("host_"))
-        compiled = compile_host_chunks(fn, specs, chunk_size, transfer=transfer)
+        if case == "host_pinned_output":
+            transfer = Transfer.VIEW
+            compiled = compile_pinned_output(fn, specs, chunk_size)
+        else:
+            transfer = Transfer(case.removeprefix("host_"))
+            compiled = compile_host_chunks(fn, specs, chunk_size)
         out_specs = jax.eval_shape(jax.vmap(jax.vmap(fn)), *specs)
 
         def go():
@@ -144,6 +149,25 @@ def main(argv=None) -> int:
             f"{statistics.median(r['compile_seconds'] for r in runs):.2f} | {same} |"
         )
     return 0
+
+
+def compile_pinned_output(fn, specs, chunk_size):
+    """The chunk step with its outputs compiled into `pinned_host` memory: the alternative to
+    `Transfer.PINNED_COPY` that docs/host_output.md measured (and the library does not use).
+    Its chunks are read as views (`Transfer.VIEW`): the copy is part of each chunk's program."""
+    import jax
+    import numpy as np
+    from jax.sharding import SingleDeviceSharding
+
+    from pymc_chunkpost._host_output import host_chunk_function
+
+    sharding = SingleDeviceSharding(jax.devices()[0])
+    chains, draws = specs[0].shape[:2]
+    chunk = host_chunk_function(fn, chains * draws, chunk_size)
+    args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
+    start = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
+    pinned = sharding.with_memory_kind("pinned_host")
+    return jax.jit(chunk, out_shardings=pinned).lower(args, start).compile()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ import time
 import jax
 
 from pymc_chunkpost import _planner, _postprocess
-from pymc_chunkpost._executor import Loop, compile_executable
+from pymc_chunkpost._config import configured
+from pymc_chunkpost._executor import obtain
+from pymc_chunkpost._program import Request
+from pymc_chunkpost._types import Loop
 from pymc_chunkpost.profiling import fixtures
 
 #: model builder, its keyword arguments, chunk sizes (docs/strategies.md, the rule's sweep).
@@ -82,7 +85,7 @@ def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int, cold: bool = 
         jax.block_until_ready(outputs)
         return time.perf_counter() - tic
 
-    first = compile_executable(fn, problem, "chunked", Loop.XLA, sizes[0])
+    first = obtain(fn, problem, Request("chunked", Loop.XLA, sizes[0]))
     compiled = first.temp_bytes / sizes[0]
     times: dict[int, float] = {size: float("inf") for size in sizes}
     if cold:
@@ -99,16 +102,12 @@ def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int, cold: bool = 
                 times[size] = min(times[size], run(size))
     best = min(times.values())
     rules = {}
-    default = _planner.TARGET_CHUNK_BYTES
-    try:
-        for target in TARGETS_MIB:
-            _planner.TARGET_CHUNK_BYTES = target * 2**20
+    for target in TARGETS_MIB:
+        with configured(target_chunk_bytes=target * 2**20):
             rules[target] = [
                 _planner._rule_chunk(problem, Loop.XLA, float(bound), None)[0]
                 for bound in (problem.intermediate_bytes, compiled)
             ]
-    finally:
-        _planner.TARGET_CHUNK_BYTES = default
     return {
         "model": name,
         "kwargs": kwargs,

@@ -3,10 +3,10 @@
     python benchmarks/fill_cost.py                      # 1, 8, 32, 128, 640 MiB, 3 repeats
     python benchmarks/fill_cost.py --mib 48,640 --repeats 5
 
-A host-driven run (segments, the tuner) updates zero outputs in place. `_executor` places
+A host-driven run (segments, the tuner) updates zero outputs in place. `_program` places
 small ones from the host (`_host_zeros`: nothing compiles) and fills large ones with a
-compiled program (`HOST_ZEROS_MAX_BYTES`). Each case runs in a fresh process, round-robin,
-so that every write touches fresh pages, as a cold run's do: `host` is `_host_zeros`, `fill`
+compiled program (`PlannerConfig.host_zeros_max_bytes`). Each case runs in a fresh process,
+round-robin, so that every write touches fresh pages, as a cold run's do: `host` is `_host_zeros`, `fill`
 is the compile of a jitted `jnp.zeros` plus its run. The outputs are two float64 arrays of
 shape (4, 1000, k): one of the given size, and one small.
 """
@@ -25,7 +25,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 import numpy as np
-from pymc_chunkpost import _executor
+from pymc_chunkpost import _program
 mib, how = float(sys.argv[1]), sys.argv[2]
 specs = [jax.ShapeDtypeStruct((4, 1000, max(1, int(mib * 2**20 / 8 / 4000))), np.float64),
          jax.ShapeDtypeStruct((4, 1000, 3), np.float64)]
@@ -33,7 +33,7 @@ sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()  # JAX's first-lowering costs
 tic = time.perf_counter()
 if how == "host":
-    outs = _executor._host_zeros(specs, sharding)()
+    outs = _program._host_zeros(specs, sharding)()
 else:
     outs = jax.jit(lambda: [jnp.zeros(s.shape, s.dtype) for s in specs]).lower().compile()()
 jax.block_until_ready(outs)

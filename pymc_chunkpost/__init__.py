@@ -1,25 +1,18 @@
 """pymc_chunkpost: fast, memory-bounded post-processing of PyMC's JAX NUTS draws."""
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
-
 from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
-from ._executor import Loop as Loop
 from ._memory import configure_memory as configure_memory
 from ._patch import is_patched as is_patched
 from ._patch import patch as patch
 from ._patch import patched as patched
 from ._patch import unpatch as unpatch
-from ._planner import Plan as Plan
 from ._posthoc import compute_deterministics as compute_deterministics
 from ._posthoc import compute_log_likelihood as compute_log_likelihood
 from ._posthoc import compute_log_prior as compute_log_prior
 from ._postprocess import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
 from ._strategies import STRATEGIES as STRATEGIES
-
-try:
-    __version__ = _version("pymc-chunkpost")
-except _PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+from ._types import Loop as Loop
+from ._types import Plan as Plan
+from ._version import __version__ as __version__

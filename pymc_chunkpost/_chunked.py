@@ -31,7 +31,6 @@ would gather the whole mapped axis onto every device to `dynamic_slice` it.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -93,21 +92,12 @@ def resolve_chunk_size(n: int, chunk_size: int | None, n_chunks: int | None) -> 
     return max(1, min(int(chunk_size), n))
 
 
-def _in_range(fn: Callable) -> Callable:
-    """`fn` (a `lax` slice op) told that its start index is never negative, where jax can.
-
-    The loop computes every start itself, in range; without the flag each slice and update
-    also wraps negative starts (a compare and a select), which XLA compiles for every buffer
-    (a few percent of a small model's compile time: docs/strategies.md).
-    """
-    if "allow_negative_indices" in inspect.signature(fn).parameters:
-        return functools.partial(fn, allow_negative_indices=False)
-    return fn  # older jax
-
-
-#: `lax.dynamic_slice_in_dim` and `lax.dynamic_update_slice_in_dim`, for starts known in range.
-read_slice = _in_range(lax.dynamic_slice_in_dim)
-write_slice = _in_range(lax.dynamic_update_slice_in_dim)
+#: `lax.dynamic_slice_in_dim` and `lax.dynamic_update_slice_in_dim`, for starts known in range:
+#: the loop computes every start itself, in range; without the flag each slice and update also
+#: wraps negative starts (a compare and a select), which XLA compiles for every buffer (a few
+#: percent of a small model's compile time: docs/strategies.md).
+read_slice = functools.partial(lax.dynamic_slice_in_dim, allow_negative_indices=False)
+write_slice = functools.partial(lax.dynamic_update_slice_in_dim, allow_negative_indices=False)
 
 
 def chunk_start(i, size: int, n: int):
@@ -269,8 +259,7 @@ def _pieces(mesh, names: tuple[str, ...]) -> int:
 
 def _context_mesh():
     """The mesh set with `jax.set_mesh` / `jax.sharding.use_mesh`, or None."""
-    get = getattr(jax.sharding, "get_abstract_mesh", None)
-    mesh = get() if get is not None else None
+    mesh = jax.sharding.get_abstract_mesh()
     return mesh if mesh is not None and mesh.axis_names else None
 
 
@@ -283,10 +272,9 @@ def _split_of(x, axis: int):
     try:
         sharding = x.sharding  # concrete arrays
     except AttributeError:  # a tracer (or not an array)
-        typeof = getattr(jax, "typeof", None)
-        if typeof is None or not hasattr(x, "shape"):
+        if not hasattr(x, "shape"):
             return None
-        sharding = getattr(typeof(x), "sharding", None)
+        sharding = getattr(jax.typeof(x), "sharding", None)
     if not isinstance(sharding, NamedSharding):
         return None
     spec = tuple(sharding.spec) + (None,) * (len(x.shape) - len(sharding.spec))
@@ -324,11 +312,8 @@ def _find_split(leaves, leaf_axes, n: int, axis_name, mesh):
 
 def shard_map_unchecked(fn: Callable, mesh, in_specs, out_specs) -> Callable:
     """`jax.shard_map` without the replication check: the outputs are per-shard results, and
-    `fn` may use any primitive. Newer jax names the check `check_vma`, older `check_rep`."""
-    params = inspect.signature(jax.shard_map).parameters
-    check = {"check_vma" if "check_vma" in params else "check_rep": False}
-    shard_map: Any = jax.shard_map
-    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **check)
+    `fn` may use any primitive."""
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
 def _spec(axis: int | None, names: tuple[str, ...]) -> PartitionSpec:
@@ -356,123 +341,145 @@ def _chunked(
     every device for its own part.
     """
 
-    def f_kwargs(args, kwargs):
-        return f(*args, **kwargs)
-
-    @functools.wraps(f)
-    def mapped(*args, **kwargs):
-        if isinstance(in_axes, list | tuple):
-            axes = tuple(in_axes)
-        else:
-            axes = (in_axes,) * len(args)
-        if len(axes) != len(args):
-            raise ValueError(
-                f"`in_axes` has {len(axes)} entries but the function got {len(args)} "
-                "positional arguments."
-            )
-        # Keyword arguments are mapped over axis 0, as in `jax.vmap`.
-        call_axes = (axes, 0)
-        leaves, treedef = jax.tree.flatten((args, kwargs))
-        leaf_axes = [
-            _normalise_axis(ax, jnp.ndim(x), "in_axes")
-            for x, ax in zip(
-                leaves, _broadcast_prefix(call_axes, (args, kwargs), "in_axes"), strict=True
-            )
-        ]
-        sizes = {jnp.shape(x)[ax] for x, ax in zip(leaves, leaf_axes) if ax is not None}
-        if not sizes:
-            raise ValueError("`chunked_vmap` needs at least one mapped argument (in_axes).")
-        if len(sizes) > 1:
-            raise ValueError(f"Mapped arguments disagree on the mapped size: {sorted(sizes)}.")
-        (n,) = sizes
-
-        def apply(start, length, leaves):
-            sliced = [
-                x if ax is None else read_slice(x, start, length, ax)
-                for x, ax in zip(leaves, leaf_axes)
-            ]
-            return jax.vmap(f_kwargs, call_axes, out_axes)(*jax.tree.unflatten(treedef, sliced))
-
-        split = None if n == 0 else _find_split(leaves, leaf_axes, n, axis_name, mesh)
-        if split is None:
-            return loop(apply, leaves, n)
-        split_mesh, names = split
-        n_local = n // _pieces(split_mesh, names)
-        # The outputs' structure, from shapes alone: slicing a traced array whose type says
-        # it is split (`Explicit` axes) into one item would not type-check.
-        shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
-        out_shape = jax.eval_shape(lambda *xs: apply(0, 1, list(xs)), *shapes)
-        out_leaves_shape, out_treedef = jax.tree.flatten(out_shape)
-        out_leaf_axes = [
-            _normalise_axis(ax, len(s.shape), "out_axes")
-            for s, ax in zip(out_leaves_shape, _broadcast_prefix(out_axes, out_shape, "out_axes"))
-        ]
-
-        def local(*local_leaves):
-            return jax.tree.leaves(loop(apply, list(local_leaves), n_local))
-
-        outs = shard_map_unchecked(
-            local,
-            split_mesh,
-            tuple(_spec(ax, names) for ax in leaf_axes),
-            [_spec(ax, names) for ax in out_leaf_axes],
-        )(*leaves)
-        return jax.tree.unflatten(out_treedef, outs)
-
-    def loop(apply, leaves, n):
+    def loop(apply: Callable, leaves: list, n: int):
         """The chunked loop over `n` items of `leaves` (one device's, or one shard's)."""
         size = resolve_chunk_size(n, chunk_size, n_chunks)
         if size >= n:  # One chunk: plain vmap, no loop.
             return apply(0, n, leaves)
+        return _loop(apply, leaves, n, size, out_axes, remat, on_chunk)
 
-        def chunk(start, length, leaves):
-            def run(start, leaves):
-                return apply(start, length, leaves)
-
-            run = jax.named_call(run, name=f"chunk_{length}")
-            if remat:
-                # Inside a loop, so CSE across iterations is impossible anyway.
-                run = jax.checkpoint(run, prevent_cse=False)
-            return run(start, leaves)
-
-        out_shape = jax.eval_shape(lambda *xs: apply(0, size, list(xs)), *leaves)
-        out_leaves_shape, out_treedef = jax.tree.flatten(out_shape)
-        out_leaf_axes = [
-            _normalise_axis(ax, len(s.shape), "out_axes")
-            for s, ax in zip(out_leaves_shape, _broadcast_prefix(out_axes, out_shape, "out_axes"))
-        ]
-
-        def write(outs, ys, start):
-            return [
-                y if ax is None else write_slice(o, y, start, ax)
-                for o, y, ax in zip(outs, jax.tree.leaves(ys), out_leaf_axes)
-            ]
-
-        n_iterations = -(-n // size)
-        outs = [
-            jnp.zeros(s.shape if ax is None else s.shape[:ax] + (n,) + s.shape[ax + 1 :], s.dtype)
-            for s, ax in zip(out_leaves_shape, out_leaf_axes)
-        ]
-
-        def body(i, outs):
-            start = chunk_start(i, size, n)
-            return write(outs, chunk(start, size, leaves), start)
-
-        if on_chunk is None:
-            outs = lax.fori_loop(0, n_iterations, body, outs)
-        else:
-            # Segments of chunks, with one host callback after each: at most PROGRESS_UPDATES
-            # callbacks, and no branch inside the loop over chunks.
-            per_segment = -(-n_iterations // PROGRESS_UPDATES)
-            n_segments = -(-n_iterations // per_segment)
-
-            def segment(k, outs):
-                last = jnp.minimum((k + 1) * per_segment, n_iterations)
-                outs = lax.fori_loop(k * per_segment, last, body, outs)
-                jax.debug.callback(on_chunk, jnp.minimum(last * size, n), n)
-                return outs
-
-            outs = lax.fori_loop(0, n_segments, segment, outs)
-        return jax.tree.unflatten(out_treedef, outs)
+    @functools.wraps(f)
+    def mapped(*args, **kwargs):
+        leaves, leaf_axes, n, apply = _mapped(f, in_axes, out_axes, args, kwargs)
+        split = None if n == 0 else _find_split(leaves, leaf_axes, n, axis_name, mesh)
+        if split is None:
+            return loop(apply, leaves, n)
+        return _split_loop(loop, apply, leaves, leaf_axes, n, split, out_axes)
 
     return mapped
+
+
+def _mapped(f: Callable, in_axes: Any, out_axes: Any, args: tuple, kwargs: dict):
+    """The arguments' leaves, the mapped axis of each (None: broadcast), the mapped length,
+    and `apply(start, length, leaves)`: `f` vmapped over items `[start, start + length)`.
+
+    Raises:
+        ValueError: `in_axes` that do not fit the arguments, no mapped argument, or mapped
+            arguments whose lengths disagree.
+    """
+    axes = tuple(in_axes) if isinstance(in_axes, list | tuple) else (in_axes,) * len(args)
+    if len(axes) != len(args):
+        raise ValueError(
+            f"`in_axes` has {len(axes)} entries but the function got {len(args)} "
+            "positional arguments."
+        )
+    # Keyword arguments are mapped over axis 0, as in `jax.vmap`.
+    call_axes = (axes, 0)
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    leaf_axes = [
+        _normalise_axis(ax, jnp.ndim(x), "in_axes")
+        for x, ax in zip(
+            leaves, _broadcast_prefix(call_axes, (args, kwargs), "in_axes"), strict=True
+        )
+    ]
+    sizes = {jnp.shape(x)[ax] for x, ax in zip(leaves, leaf_axes) if ax is not None}
+    if not sizes:
+        raise ValueError("`chunked_vmap` needs at least one mapped argument (in_axes).")
+    if len(sizes) > 1:
+        raise ValueError(f"Mapped arguments disagree on the mapped size: {sorted(sizes)}.")
+    (n,) = sizes
+
+    def f_kwargs(args, kwargs):
+        return f(*args, **kwargs)
+
+    def apply(start, length, leaves):
+        sliced = [
+            x if ax is None else read_slice(x, start, length, ax)
+            for x, ax in zip(leaves, leaf_axes)
+        ]
+        return jax.vmap(f_kwargs, call_axes, out_axes)(*jax.tree.unflatten(treedef, sliced))
+
+    return leaves, leaf_axes, n, apply
+
+
+def _out_axes(out_shape: Any, out_axes: Any) -> tuple[list, Any, list[int | None]]:
+    """The output leaves' shapes, their tree, and the mapped axis of each."""
+    out_leaves_shape, out_treedef = jax.tree.flatten(out_shape)
+    out_leaf_axes = [
+        _normalise_axis(ax, len(s.shape), "out_axes")
+        for s, ax in zip(out_leaves_shape, _broadcast_prefix(out_axes, out_shape, "out_axes"))
+    ]
+    return out_leaves_shape, out_treedef, out_leaf_axes
+
+
+def _split_loop(loop, apply, leaves, leaf_axes, n: int, split, out_axes: Any):
+    """`loop` run by each device on its own part of the mapped axis (`jax.shard_map`)."""
+    split_mesh, names = split
+    n_local = n // _pieces(split_mesh, names)
+    # The outputs' structure, from shapes alone: slicing a traced array whose type says
+    # it is split (`Explicit` axes) into one item would not type-check.
+    shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+    out_shape = jax.eval_shape(lambda *xs: apply(0, 1, list(xs)), *shapes)
+    _, out_treedef, out_leaf_axes = _out_axes(out_shape, out_axes)
+
+    def local(*local_leaves):
+        return jax.tree.leaves(loop(apply, list(local_leaves), n_local))
+
+    outs = shard_map_unchecked(
+        local,
+        split_mesh,
+        tuple(_spec(ax, names) for ax in leaf_axes),
+        [_spec(ax, names) for ax in out_leaf_axes],
+    )(*leaves)
+    return jax.tree.unflatten(out_treedef, outs)
+
+
+def _loop(apply, leaves, n: int, size: int, out_axes: Any, remat: bool, on_chunk):
+    """`n` items in chunks of `size` (less than `n`), in one `lax.fori_loop` that writes each
+    chunk into preallocated outputs in place; with `on_chunk`, in segments of chunks."""
+
+    def chunk(start, length, leaves):
+        def run(start, leaves):
+            return apply(start, length, leaves)
+
+        run = jax.named_call(run, name=f"chunk_{length}")
+        if remat:
+            # Inside a loop, so CSE across iterations is impossible anyway.
+            run = jax.checkpoint(run, prevent_cse=False)
+        return run(start, leaves)
+
+    out_shape = jax.eval_shape(lambda *xs: apply(0, size, list(xs)), *leaves)
+    out_leaves_shape, out_treedef, out_leaf_axes = _out_axes(out_shape, out_axes)
+
+    def write(outs, ys, start):
+        return [
+            y if ax is None else write_slice(o, y, start, ax)
+            for o, y, ax in zip(outs, jax.tree.leaves(ys), out_leaf_axes)
+        ]
+
+    n_iterations = -(-n // size)
+    outs = [
+        jnp.zeros(s.shape if ax is None else s.shape[:ax] + (n,) + s.shape[ax + 1 :], s.dtype)
+        for s, ax in zip(out_leaves_shape, out_leaf_axes)
+    ]
+
+    def body(i, outs):
+        start = chunk_start(i, size, n)
+        return write(outs, chunk(start, size, leaves), start)
+
+    if on_chunk is None:
+        outs = lax.fori_loop(0, n_iterations, body, outs)
+    else:
+        # Segments of chunks, with one host callback after each: at most PROGRESS_UPDATES
+        # callbacks, and no branch inside the loop over chunks.
+        per_segment = -(-n_iterations // PROGRESS_UPDATES)
+        n_segments = -(-n_iterations // per_segment)
+
+        def segment(k, outs):
+            last = jnp.minimum((k + 1) * per_segment, n_iterations)
+            outs = lax.fori_loop(k * per_segment, last, body, outs)
+            jax.debug.callback(on_chunk, jnp.minimum(last * size, n), n)
+            return outs
+
+        outs = lax.fori_loop(0, n_segments, segment, outs)
+    return jax.tree.unflatten(out_treedef, outs)

@@ -8,8 +8,8 @@ jaxlib versions, the backend's platform version and `XLA_FLAGS`. It is compared 
 anything is loaded, so other data of the same shapes, or anything else that changes the
 program, never loads an executable that computes something else: it compiles, and its
 executable replaces the file. A checksum of the payload guards against damage. The folder
-(`<cache_dir>/executables`) is bounded by `MAX_BYTES`, the files used least recently going
-first; every failure reads as a miss (`_disk`).
+(`<cache_dir>/executables`) is bounded by `PlannerConfig.store_max_bytes`, the files used
+least recently going first; every failure reads as a miss (`_disk`).
 
 This is JAX's own persistent compilation cache, narrowed to our executables: JAX's keeps only
 compiles over `jax_persistent_cache_min_compile_time_secs` (1 s by default), and post-processing
@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._config import current
 from ._disk import cache_dir, later, read_bytes, write_bytes
 
 __all__ = [
@@ -45,32 +46,16 @@ __all__ = [
     "relocate",
     "stop_loading",
     "loading_stopped",
-    "MAX_BYTES",
-    "MAX_CONSTANT_BYTES",
-    "UNSERIALIZABLE_AFTER_RUN",
 ]
 
 #: Bumped when the file layout changes; older files are then never read.
 MAGIC = b"pymc_chunkpost-executable-2\n"
-#: The most bytes the folder holds; past it, the least recently used files are deleted until
-#: it holds three quarters of this.
-MAX_BYTES = 256 * 2**20
-#: Executables whose program holds more constant data than this are not stored: digesting
-#: and writing them would cost more than their compile, and each compiled candidate keeps its
-#: lowered module (a copy of the constants) until it is stored or released.
-MAX_CONSTANT_BYTES = 16 * 2**20
 SUBFOLDER = "executables"
 
 #: Set once this jaxlib failed to load a whole, checksummed file, or an executable it loaded
 #: or moved failed to run (`stop_loading`): nothing more is stored, loaded or moved in this
 #: process (some CPUs' loaders reject XLA's own files, as reported upstream).
 _LOADER_FAILED = False
-#: Primitives whose compiled CPU code can be serialized only before its first run: XLA's
-#: sort picks its comparator when it first runs, and an executable that has sorted then
-#: fails to serialize ("`LessThan` is not serializable"). The executor serializes such
-#: programs right after compiling them (docs/strategies.md, "`auto` keeps its own
-#: executables").
-UNSERIALIZABLE_AFTER_RUN = frozenset({"sort"})
 #: Temporary files of a write that was killed are swept after this many seconds.
 STALE_TMP_SECONDS = 3600
 
@@ -116,13 +101,13 @@ def _context(devices: Sequence[Any]) -> str:
 def slot_for(parts: Sequence[str], devices: Sequence[Any], constant_bytes: int) -> Slot | None:
     """The slot of an executable described by `parts` (what is known before lowering), run on
     `devices`; None where nothing is stored: the store is off, the program holds over
-    `MAX_CONSTANT_BYTES` of constants, this process's loader failed, or the run spans several
+    `store_max_constant_bytes` of constants, this process's loader failed, or the run spans several
     processes (`jax.distributed`)."""
     root = cache_dir()
     if (
         root is None
         or _LOADER_FAILED
-        or constant_bytes > MAX_CONSTANT_BYTES
+        or constant_bytes > current().store_max_constant_bytes
         or jax.process_count() > 1
     ):
         return None
@@ -285,8 +270,8 @@ def start_worker() -> None:
 def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
     """Store `compiled` (of `lowered`; XLA's executable, or a `Portable` of it) in `slot` on a
     background thread: digesting and serializing take 1-30 ms, off the caller's path (but
-    for a program in `UNSERIALIZABLE_AFTER_RUN`'s reach, which the executor serialized
-    before its run). Nothing is raised; Python waits for the thread at exit."""
+    for a program that `_compat.unserializable_after_run` names, which the executor
+    serialized before its run). Nothing is raised; Python waits for the thread at exit."""
     later(_save, slot, lowered, compiled)
 
 
@@ -305,8 +290,8 @@ def _save(slot: Slot, lowered: Any, compiled: Any) -> bool:
 
 
 def _evict(folder: Path) -> None:
-    """Delete the least recently used files while the folder holds more than `MAX_BYTES`, and
-    temporary files of writes that were killed."""
+    """Delete the least recently used files while the folder holds more than
+    `store_max_bytes`, and temporary files of writes that were killed."""
     now = time.time()
     try:
         for tmp in folder.glob(".*.tmp"):
@@ -317,10 +302,11 @@ def _evict(folder: Path) -> None:
     except OSError:
         return
     total = sum(s.st_size for s, _ in files)
-    if total <= MAX_BYTES:
+    max_bytes = current().store_max_bytes
+    if total <= max_bytes:
         return
     for stat, path in sorted(files, key=lambda f: f[0].st_mtime):
-        if total <= MAX_BYTES * 3 // 4:
+        if total <= max_bytes * 3 // 4:
             break
         with contextlib.suppress(OSError):
             path.unlink()

@@ -19,8 +19,6 @@ reasons and the measurements are in docs/host_output.md):
   `np.asarray` of a pinned-host array is again a zero-copy view, and the one host copy is the
   write into the output slice. Pinned memory is only ever two chunks' worth, far below the
   pinned pool's limit (`XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB`).
-- `PINNED_OUTPUT`: the chunk program itself writes its outputs to `pinned_host` memory
-  (`out_shardings` with that memory kind); the copy is then part of each chunk's program.
 
 Donation: never compile the chunk step (or anything else) with donated inputs and a host
 memory-kind output. On CPU (jax 0.10 and 0.12) XLA aliases the donated device buffer to the
@@ -34,6 +32,7 @@ from __future__ import annotations
 import enum
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,6 +47,7 @@ __all__ = [
     "host_memory_kind",
     "chunk_starts",
     "host_chunk_function",
+    "host_chunk_program",
     "compile_host_chunks",
     "stream_to_host",
 ]
@@ -58,7 +58,6 @@ class Transfer(enum.Enum):
 
     VIEW = "view"
     PINNED_COPY = "pinned_copy"
-    PINNED_OUTPUT = "pinned_output"
 
 
 #: The memory kind that accelerators expose for host memory they can DMA into.
@@ -147,43 +146,47 @@ def host_chunk_function(
     return jax.named_call(chunk, name=f"chunk_{size}")
 
 
+def host_chunk_program(
+    per_draw: Callable,
+    in_specs: Sequence[jax.ShapeDtypeStruct],
+    chunk_size: int,
+    device: jax.Device,
+) -> tuple[Any, tuple]:
+    """The jitted chunk step of `host_chunk_function` on `device`, and the specs to lower it
+    with: samples shaped like `in_specs`, and the chunk's start. Nothing is donated: every
+    chunk reads the samples, and a donated buffer must never meet a host memory-kind output
+    (see the module docstring)."""
+    if not in_specs:
+        raise ValueError("`in_specs` is empty: pass one spec per raw sample array.")
+    chains, draws = in_specs[0].shape[:2]
+    chunk = host_chunk_function(per_draw, chains * draws, chunk_size)
+    sharding = SingleDeviceSharding(device)
+    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in in_specs]
+    start = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
+    return jax.jit(chunk, out_shardings=sharding), (specs, start)
+
+
 def compile_host_chunks(
     per_draw: Callable,
     in_specs: Sequence[jax.ShapeDtypeStruct],
     chunk_size: int,
     *,
     device: jax.Device | None = None,
-    transfer: Transfer | None = None,
 ):
     """Compile `host_chunk_function` for samples shaped like `in_specs`; nothing runs.
-
-    Nothing is donated: every chunk reads the samples, and a donated buffer must never meet
-    a host memory-kind output (see the module docstring).
 
     Args:
         per_draw: as for `host_chunk_function`.
         in_specs: the samples' shapes and dtypes, `(chains, draws, ...)` each.
         chunk_size: draws per chunk.
         device: where to compute; defaults to JAX's default device.
-        transfer: `PINNED_OUTPUT` compiles the outputs into `pinned_host` memory; the other
-            transfers leave them in device memory. Defaults to `default_transfer(device)`.
 
     Returns:
         The `jax.stages.Compiled` step, to pass to `stream_to_host`.
     """
     device = jax.devices()[0] if device is None else device
-    transfer = default_transfer(device) if transfer is None else Transfer(transfer)
-    if not in_specs:
-        raise ValueError("`in_specs` is empty: pass one spec per raw sample array.")
-    chains, draws = in_specs[0].shape[:2]
-    chunk = host_chunk_function(per_draw, chains * draws, chunk_size)
-    sharding = SingleDeviceSharding(device)
-    out_sharding = sharding
-    if transfer is Transfer.PINNED_OUTPUT:
-        out_sharding = sharding.with_memory_kind(PINNED_HOST)
-    specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in in_specs]
-    start = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
-    return jax.jit(chunk, out_shardings=out_sharding).lower(specs, start).compile()
+    jitted, args = host_chunk_program(per_draw, in_specs, chunk_size, device)
+    return jitted.lower(*args).compile()
 
 
 def stream_to_host(
@@ -213,9 +216,8 @@ def stream_to_host(
         chunk_size: the step's chunk size (clipped to `n_items`, as in `host_chunk_function`).
         out_specs: each output's shape `(chains, draws, ...)` and dtype.
         on_progress: called as `on_progress(items_done, n_items)` after each chunk has landed.
-        transfer: how chunks reach the host; must match how `compiled_chunk` was compiled
-            (`PINNED_OUTPUT` for a step compiled with pinned-host outputs). Defaults to
-            `default_transfer` of the samples' device.
+        transfer: how chunks reach the host. Defaults to `default_transfer` of the samples'
+            device.
         out: preallocated C-contiguous outputs to fill (e.g. from a failed attempt); by
             default new ones are made with `np.empty`.
             Memory: the outputs, once, in host memory (pages are touched as chunks land), plus

@@ -32,30 +32,14 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
-__all__ = ["CALLS", "DrawFunction", "draw_major_fun", "vmap_draws"]
+from ._compat import CALLS, elementwise_batchers
+from ._config import current
 
-# Primitives that call a closed jaxpr (param "jaxpr") and mean nothing more than that call:
-# jitted functions ("pjit" before jax 0.7).
-CALLS = frozenset({"pjit", "jit"})
+__all__ = ["DrawFunction", "draw_major_fun", "vmap_draws"]
 
-
-def _batcher_kinds() -> tuple[Any, Any, dict]:
-    """jax's batching rules for elementwise primitives: unary (`vectorized_batcher`, every
-    operand batched) and n-ary with broadcasting (`broadcast_batcher`). Internal to jax: a
-    jax without them maps every equation with `jax.vmap`."""
-    try:
-        from jax._src.interpreters import batching
-
-        return (
-            batching.vectorized_batcher,
-            batching.broadcast_batcher,
-            batching.fancy_primitive_batchers,
-        )
-    except (ImportError, AttributeError):
-        return None, None, {}
-
-
-_VECTORIZED, _BROADCAST, _RULES = _batcher_kinds()
+# jax's batching rules for elementwise primitives (internal to jax: `_compat`). Without them,
+# every equation is mapped with `jax.vmap`.
+_VECTORIZED, _BROADCAST, _RULES = elementwise_batchers()
 
 
 def vmap_draws(fn: Callable, n: int) -> Callable:
@@ -209,11 +193,6 @@ def _bind(eqn: Any, args: Sequence[Any]) -> list:
     return outs if eqn.primitive.multiple_results else [outs]
 
 
-#: The tail mapped by `jax.vmap` costs about as much tracing as binding this many elementwise
-#: equations directly saves (docs/strategies.md).
-EQNS_PER_RUN = 4
-
-
 @dataclasses.dataclass(frozen=True)
 class _Step:
     """One step of a `_Schedule`: an equation that reads no draw, bound as it is ("data"); an
@@ -241,7 +220,8 @@ class _Schedule:
     def pays(self) -> bool:
         """Whether the equations bound directly save more tracing than the tail costs. A
         jaxpr with effects keeps `jax.vmap`, and its order."""
-        return not self.effects and self.elementwise >= EQNS_PER_RUN * bool(self.tail)
+        per_run = current().eqns_per_run  # the tail's tracing, in equations bound directly
+        return not self.effects and self.elementwise >= per_run * bool(self.tail)
 
 
 def _schedule(eqns: Sequence[Any], outvars: Sequence[Any], depends: dict[Any, bool]) -> _Schedule:

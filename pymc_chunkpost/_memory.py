@@ -113,12 +113,6 @@ def _cgroup_free_bytes() -> int | None:
         return None
 
 
-#: After a compile, when at least this many bytes of outputs are about to be written to host
-#: memory, the heap pages that XLA's compiler freed are first given back to the OS
-#: (`release_freed_heap`): they are then not counted on top of the outputs (docs/memory.md).
-TRIM_MIN_BYTES = 32 * 2**20
-
-
 @functools.cache
 def _malloc_trim():
     try:

@@ -29,7 +29,7 @@ from typing import Any
 from . import _postprocess
 from ._memory import resolve_device
 from ._options import check_options
-from ._planner import Plan
+from ._types import Plan
 
 __all__ = ["patch", "unpatch", "is_patched", "patched"]
 

@@ -631,10 +631,8 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     # Fresh root inputs: deterministics take the random variables themselves as inputs.
     roots = [variable.type(name=variable.name) for variable in inputs]
     graph = clone_replace(list(outputs), replace=dict(zip(inputs, roots)))
-    try:
-        from pytensor.graph.traversal import graph_inputs
-    except ImportError:  # pytensor before 2.31 (pymc 5)
-        from pytensor.graph.basic import graph_inputs  # type: ignore[no-redef]
+    from pytensor.graph.traversal import graph_inputs
+
     root_ids = {id(root) for root in roots}
     others = [v for v in graph_inputs(graph) if v.owner is None and id(v) not in root_ids]
     fgraph = FunctionGraph([*roots, *others], graph, clone=False)

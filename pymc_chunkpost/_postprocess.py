@@ -18,12 +18,13 @@ import numpy as np
 
 from . import _planner
 from ._chunked import resolve_chunk_size
-from ._executor import execute
+from ._executor import CompileOutOfMemory, execute
 from ._memory import resolve_device
 from ._options import CHUNK_STRATEGIES, check_options
-from ._planner import Attempt, Plan
+from ._planner import Attempt
 from ._problem import Problem, analyse, locate
 from ._progress import progress_bar
+from ._types import Plan
 
 __all__ = ["postprocess_samples", "plan", "run"]
 
@@ -213,7 +214,7 @@ def run(
                 computed = execute(attempt.exe, placed, attempt.tuner)
                 jax.block_until_ready(computed)
             break
-        except (jax.errors.JaxRuntimeError, _planner._CompileOutOfMemory) as error:
+        except (jax.errors.JaxRuntimeError, CompileOutOfMemory) as error:
             if not _planner.retries(attempt, error):
                 raise
             # Release what the failed attempt still holds (its outputs, here and in the

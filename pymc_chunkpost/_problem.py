@@ -19,7 +19,7 @@ from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ._cache import FunctionCache
-from ._jaxpr_eval import CALLS
+from ._compat import CALLS
 
 __all__ = ["Problem", "Placement", "analyse", "locate", "is_out_of_memory", "nbytes"]
 

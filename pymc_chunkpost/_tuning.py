@@ -17,6 +17,7 @@ import jax
 
 from ._disk import cache_dir, read_bytes, write_later
 from ._problem import Problem
+from ._version import __version__
 
 __all__ = ["cache_dir", "tuning_key", "load", "store"]
 
@@ -24,20 +25,13 @@ __all__ = ["cache_dir", "tuning_key", "load", "store"]
 FORMAT = 1
 
 
-def _our_version() -> str:
-    from . import __version__  # read from the installed metadata once, at import
-
-    return __version__
-
-
 def tuning_key(problem: Problem, request: str) -> str:
     """A stable key for `problem` planned under `request` (the strategy and output memory)."""
-    ours = _our_version()
     placement = problem.placement
     device = placement.device
     parts = [
         str(FORMAT),
-        ours,
+        __version__,
         jax.__version__,
         device.platform,
         str(getattr(device, "device_kind", "")),

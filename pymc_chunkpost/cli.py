@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
 from ._extras import MissingExtraError, require
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .profiling.harness import CaseResult

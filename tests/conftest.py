@@ -8,11 +8,27 @@ from pathlib import Path
 # that no run depends on what an earlier run left.
 os.environ["PYMC_CHUNKPOST_CACHE_DIR"] = ""
 
+import contextlib
+
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import models  # noqa: E402
+
+from pymc_chunkpost._config import configured  # noqa: E402
+
+
+@pytest.fixture
+def configure():
+    """`configure(field=value, ...)`: the planner's heuristics (`PlannerConfig`) changed for
+    the rest of the test; calls add up."""
+    with contextlib.ExitStack() as stack:
+
+        def apply(**changes):
+            return stack.enter_context(configured(**changes))
+
+        yield apply
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import jax
 
 LOCAL_DEVICES = 2
 #: An option of this worker, not of `run`: fill the zero outputs by a compiled program, as
-#: outputs of `_executor.HOST_ZEROS_MAX_BYTES` or more are.
+#: outputs of `PlannerConfig.host_zeros_max_bytes` or more are.
 COMPILED_FILL = "compiled fill"
 CHAINS = 4
 DRAWS = 10
@@ -73,7 +73,8 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     import models
 
-    from pymc_chunkpost import _executor
+    from pymc_chunkpost import _program
+    from pymc_chunkpost._config import configured
     from pymc_chunkpost._postprocess import run
 
     assert jax.process_index() == process_id and jax.process_count() == num_processes
@@ -104,14 +105,15 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
             raw = [_global(sharding, x) for x in full]
         options = dict(options)
         fill = options.pop(COMPILED_FILL, False)
-        threshold, host_zeros = _executor.HOST_ZEROS_MAX_BYTES, _executor._host_zeros
+        host_zeros = _program._host_zeros
         if fill:  # and the host's zeros must not be what ran
-            _executor.HOST_ZEROS_MAX_BYTES, _executor._host_zeros = 0, _no_host_zeros
+            _program._host_zeros = _no_host_zeros
         tic = time.perf_counter()
         try:
-            outputs, plan = run(jax_fn, raw, None, strategy, **options)
+            with configured(**({"host_zeros_max_bytes": 0} if fill else {})):
+                outputs, plan = run(jax_fn, raw, None, strategy, **options)
         finally:
-            _executor.HOST_ZEROS_MAX_BYTES, _executor._host_zeros = threshold, host_zeros
+            _program._host_zeros = host_zeros
         seconds = time.perf_counter() - tic
         checks.append(
             {

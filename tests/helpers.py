@@ -8,6 +8,8 @@ import numpy as np
 from pymc.sampling.jax import _postprocess_samples as pymc_postprocess
 
 from pymc_chunkpost import _executor, _problem
+from pymc_chunkpost._program import Request
+from pymc_chunkpost._types import Loop
 
 
 def reference(jax_fn, raw):
@@ -31,9 +33,10 @@ def problem_of(jax_fn, raw, device=None):
 def compile_for(jax_fn, raw, strategy, size=None, loop=None, donate=(), progress=False):
     """A fresh or cached executable of `strategy` for `raw`'s shapes on the default device."""
     if loop is None:
-        loop = _executor.Loop.NONE if size is None else _executor.Loop.XLA
+        loop = Loop.NONE if size is None else Loop.XLA
     problem = problem_of(jax_fn, raw)
-    return _executor.compile_executable(jax_fn, problem, strategy, loop, size, donate, progress)
+    request = Request(strategy, loop, size, tuple(donate), progress)
+    return _executor.obtain(jax_fn, problem, request)
 
 
 def assert_donated(jax_fn, raw):

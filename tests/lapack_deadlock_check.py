@@ -1,7 +1,7 @@
 """Run in a subprocess by tests/test_sharding.py: a JAX with 4 CPU devices (the README's
 advice for 4 chains), a GP's draws split over all 4, chunks of 8 draws against pymc's vmap.
 On jaxlib 0.10 the shards' loops over Cholesky kernels deadlocked when run at once
-(`_planner.serial_shards`)."""
+(`_planner.serial_shards`, `_compat.lapack_may_deadlock`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 from pymc.sampling.jax import _postprocess_samples as pymc_postprocess  # noqa: E402
 
-from pymc_chunkpost import _planner, _postprocess  # noqa: E402
+from pymc_chunkpost import _compat, _postprocess  # noqa: E402
 from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws  # noqa: E402
 
 if "--unfixed" in sys.argv:  # shows the deadlock on jaxlib 0.10: never returns
-    _planner.LAPACK_DEADLOCK_FIXED_IN = (0,)
+    _compat.LAPACK_DEADLOCK_FIXED_IN = (0, 0)
 assert jax.device_count() == 4, jax.devices()
 model = FIXTURES["gp"].build()
 fn = jax_fn(model)

@@ -19,7 +19,7 @@ import pytest
 from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pymc_chunkpost import Loop, _disk, _executable_store, _planner, _postprocess, clear_caches
+from pymc_chunkpost import Loop, _disk, _executable_store, _postprocess, clear_caches
 from pymc_chunkpost.profiling import fixtures
 
 
@@ -47,13 +47,19 @@ def _stored(cache):
     return sorted((cache / _executable_store.SUBFOLDER).glob("*.bin"))
 
 
+def _loop(configure, loop):
+    """Make `auto` plan `loop`: no loop-free vmap but for `Loop.NONE`, a host loop for any
+    number of buffers for `Loop.HOST`."""
+    if loop is not Loop.NONE:
+        configure(vmap_temp_bytes=0)  # always a loop
+    if loop is Loop.HOST:
+        configure(host_loop_many_buffers=0)
+
+
 @pytest.mark.parametrize("progress", [False, True], ids=["quiet", "progress"])
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
-def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress):
-    if loop is not Loop.NONE:
-        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)  # always a loop
-    if loop is Loop.HOST:
-        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
+def test_a_second_run_loads_the_executable(cache, configure, loop, progress):
+    _loop(configure, loop)
     model = models.data_regression(n_obs=500)
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 100)
@@ -74,17 +80,13 @@ def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress):
 
 
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
-def test_a_program_that_sorts_is_stored_and_loaded(cache, monkeypatch, loop):
-    """XLA's CPU sort cannot be serialized once it has run (`UNSERIALIZABLE_AFTER_RUN`): such
-    a step is serialized before its run, so that the next run loads it too (with the host
+def test_a_program_that_sorts_is_stored_and_loaded(cache, configure, loop):
+    """XLA's CPU sort cannot be serialized once it has run (`_compat.unserializable_after_run`):
+    such a step is serialized before its run, so that the next run loads it too (with the host
     loop's compiled fill, which does not sort, stored after the run)."""
-    from pymc_chunkpost import _executor
-
-    if loop is not Loop.NONE:
-        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    _loop(configure, loop)
     if loop is Loop.HOST:
-        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
-        monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
+        configure(host_zeros_max_bytes=0)
     model = fixtures.integer_dets(n_groups=30)
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 2, 50)
@@ -154,17 +156,17 @@ def test_a_damaged_file_is_a_miss(cache):
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_the_folder_stays_within_its_bound(cache, monkeypatch):
+def test_the_folder_stays_within_its_bound(cache, configure):
     model = models.transforms()
     jax_fn = models.jax_fn(model)
     _run(jax_fn, models.raw_draws(model, 2, 50))
     (one,) = _stored(cache)
     size = one.stat().st_size
-    monkeypatch.setattr(_executable_store, "MAX_BYTES", int(2.5 * size))
+    bound = configure(store_max_bytes=int(2.5 * size)).store_max_bytes
     for draws in (51, 52, 53, 54):  # other shapes: other executables of about that size
         _run(jax_fn, models.raw_draws(model, 2, draws))
     total = sum(p.stat().st_size for p in _stored(cache))
-    assert 0 < total <= _executable_store.MAX_BYTES
+    assert 0 < total <= bound
     assert one not in _stored(cache)  # the least recently used went first
 
 
@@ -223,9 +225,8 @@ def test_fixed_strategies_store_nothing(cache):
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
 @pytest.mark.parametrize("spec", [PartitionSpec("d"), PartitionSpec(None, "d")], ids=str)
-def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
-    if loop is not Loop.NONE:
-        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+def test_sharded_draws_load_on_their_devices(cache, configure, loop, spec):
+    _loop(configure, loop)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     host = models.raw_draws(model, 4, 40)
@@ -255,8 +256,8 @@ def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
         assert out.sharding.is_equivalent_to(sharding, out.ndim)
 
 
-def test_programs_with_much_constant_data_are_not_stored(cache, monkeypatch):
-    monkeypatch.setattr(_executable_store, "MAX_CONSTANT_BYTES", 1000)  # below the data's
+def test_programs_with_much_constant_data_are_not_stored(cache, configure):
+    configure(store_max_constant_bytes=1000)  # below the data's
     model = models.data_regression(n_obs=500)
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 100)
@@ -290,16 +291,11 @@ def _on(device, raw):
     ],
 )
 def test_a_plan_compiled_for_one_device_moves_to_another(
-    compiles, monkeypatch, loop, progress, compiled_fill
+    compiles, configure, loop, progress, compiled_fill
 ):
-    from pymc_chunkpost import _executor
-
-    if loop is not Loop.NONE:
-        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
-    if loop is Loop.HOST:
-        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
+    _loop(configure, loop)
     if compiled_fill:
-        monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
+        configure(host_zeros_max_bytes=0)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -368,9 +364,9 @@ def test_a_program_that_cannot_move_is_not_tried_again(compiles, monkeypatch):
     assert len(tries) == 1
 
 
-def test_programs_with_much_constant_data_are_not_moved(compiles, monkeypatch):
+def test_programs_with_much_constant_data_are_not_moved(compiles, configure):
     """Nothing kept to move (a second copy of the model's data), as the store keeps none."""
-    monkeypatch.setattr(_executable_store, "MAX_CONSTANT_BYTES", 1000)  # below the data's
+    configure(store_max_constant_bytes=1000)  # below the data's
     model = models.data_regression(n_obs=500)
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 100)
@@ -423,13 +419,12 @@ def _stored_then_loaded_broken(monkeypatch, message: str = NOT_FOUND):
 
 
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
-def test_a_loaded_executable_that_fails_to_run_is_compiled_here(cache, monkeypatch, loop):
+def test_a_loaded_executable_that_fails_to_run_is_compiled_here(
+    cache, monkeypatch, configure, loop
+):
     """The draws are not lost to the store: the plan is compiled here and runs, and nothing
     more is loaded (or stored) in this process."""
-    if loop is not Loop.NONE:
-        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
-    if loop is Loop.HOST:
-        monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
+    _loop(configure, loop)
     jax_fn, raw, first = _stored_then_loaded_broken(monkeypatch)
     assert first.loop is loop and _stored(cache)
     with pytest.warns(RuntimeWarning, match="loaded from disk failed to run.*draws are intact"):
@@ -447,17 +442,17 @@ def test_a_loaded_executable_that_fails_to_run_is_compiled_here(cache, monkeypat
 
 
 def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
-    cache, compiles, monkeypatch
+    cache, compiles, monkeypatch, configure
 ):
     """The real failure behind `Portable`'s invariant, broken on purpose: moved from the bytes
     of a loaded executable, serialized again, jaxlib 0.10's CPU executable loads, then fails
     at its first call. The shard is compiled on its own device instead."""
-    import jaxlib
+    from pymc_chunkpost._compat import jaxlib_version
 
-    if tuple(map(int, jaxlib.__version__.split(".")[:2])) > (0, 10):
+    if jaxlib_version() > (0, 10):
         pytest.skip("later jaxlib serialize a loaded executable whole: nothing fails")
     monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
-    monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)  # an XLA loop: its copy fails
+    configure(vmap_temp_bytes=0)  # an XLA loop: its copy fails
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -489,23 +484,23 @@ def test_a_failure_of_a_compiled_executable_is_raised(cache, monkeypatch):
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 40)]
-    compile_ = _executor.compile_executable
+    obtain = _executor.obtain
 
     def fails(*args, **kwargs):
-        exe = compile_(*args, **kwargs)
+        exe = obtain(*args, **kwargs)
         return dataclasses.replace(exe, compiled=_FailsToRun(exe.compiled))
 
-    monkeypatch.setattr(_planner, "compile_executable", fails)
+    monkeypatch.setattr(_executor, "obtain", fails)
     clear_caches()
     with pytest.raises(jax.errors.JaxRuntimeError, match="iota_compare_fusion"):
         _postprocess.run(jax_fn, raw, None, "auto")
     assert not any(x.is_deleted() for x in raw)
 
 
-def test_a_loaded_executable_out_of_memory_is_the_memory_policys(cache, monkeypatch):
+def test_a_loaded_executable_out_of_memory_is_the_memory_policys(cache, monkeypatch, configure):
     """Running out of memory says nothing against the store: smaller chunks, as for any
     executable, and the store stays in use."""
-    monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
+    configure(vmap_temp_bytes=0)
     oom = "RESOURCE_EXHAUSTED: Out of memory allocating"
     jax_fn, raw, first = _stored_then_loaded_broken(monkeypatch, oom)
     with pytest.warns(RuntimeWarning, match="ran out of memory"):
@@ -520,8 +515,8 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     compiled: its failure is retried as the plan's would be."""
     import types
 
-    from pymc_chunkpost._executor import Origin
     from pymc_chunkpost._planner import Attempt, retries
+    from pymc_chunkpost._types import Origin
 
     exe = types.SimpleNamespace(origin=Origin.COMPILED)
     loaded = types.SimpleNamespace(origin=Origin.LOADED)

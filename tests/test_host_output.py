@@ -1,7 +1,7 @@
 """`stream_to_host`: outputs computed chunk by chunk on the device, landed in numpy arrays.
 
 Every transfer runs on a CPU (jax 0.10 and 0.12 expose `pinned_host` and `unpinned_host` memory
-kinds there), so all three paths are checked against pymc's own `_postprocess_samples`.
+kinds there), so both paths are checked against pymc's own `_postprocess_samples`.
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ def run_host(jax_fn, raw, chunk_size, transfer=None, on_progress=None, compiled=
     """`stream_to_host` of `jax_fn` over `raw` (device arrays), with its own compiled step."""
     out_specs = jax.eval_shape(jax.vmap(jax.vmap(per_draw(jax_fn))), *specs_of(raw))
     if compiled is None:
-        compiled = compile_host_chunks(
-            per_draw(jax_fn), specs_of(raw), chunk_size, transfer=transfer
-        )
+        compiled = compile_host_chunks(per_draw(jax_fn), specs_of(raw), chunk_size)
     n = raw[0].shape[0] * raw[0].shape[1]
     return stream_to_host(
         compiled, raw, n, chunk_size, out_specs, on_progress, transfer=transfer, out=out
@@ -152,7 +150,7 @@ class TestDeviceMemory:
     def test_at_most_two_chunks_alive(self, built, transfer):
         model, jax_fn = built("data_regression")
         raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 20)]
-        compiled = compile_host_chunks(per_draw(jax_fn), specs_of(raw), 6, transfer=transfer)
+        compiled = compile_host_chunks(per_draw(jax_fn), specs_of(raw), 6)
         chunks, alive = [], []
 
         def counting(samples, start):

@@ -12,8 +12,9 @@ import pytest
 from helpers import assert_same, compile_for, reference
 from jax.extend.core import jaxpr_as_fun
 
-from pymc_chunkpost._executor import FLATTEN_MIN_GATHERED_BYTES, flattens_vmap
+from pymc_chunkpost._config import current
 from pymc_chunkpost._jaxpr_eval import draw_major_fun
+from pymc_chunkpost._program import flattens_vmap
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(300, 4))  # data: the per-draw function's constants
@@ -103,11 +104,12 @@ def test_only_large_gathers_flatten_the_vmap():
     jax_fn = models.jax_fn(mixture)
     raw = models.raw_draws(mixture, 4, 250)
     problem = compile_for(jax_fn, raw, "vmap").problem
-    assert 0 < problem.n_local * problem.gathered_bytes < FLATTEN_MIN_GATHERED_BYTES
+    threshold = current().flatten_min_gathered_bytes
+    assert 0 < problem.n_local * problem.gathered_bytes < threshold
     assert not flattens_vmap(problem)
     outputs, _ = _run(jax_fn, raw)
     assert_same(outputs, reference(jax_fn, raw), rtol=1e-12)
-    problem = dataclasses.replace(problem, gathered_bytes=FLATTEN_MIN_GATHERED_BYTES)
+    problem = dataclasses.replace(problem, gathered_bytes=threshold)
     assert flattens_vmap(problem)
 
 
@@ -223,11 +225,9 @@ def _mixed_args(dtype, n):
 
 
 @pytest.fixture
-def every_equation_scheduled(monkeypatch):
+def every_equation_scheduled(configure):
     """`over_draws` takes its schedule on every jaxpr, whether it pays or not."""
-    from pymc_chunkpost import _jaxpr_eval
-
-    monkeypatch.setattr(_jaxpr_eval, "EQNS_PER_RUN", 0)
+    configure(eqns_per_run=0)
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -255,9 +255,8 @@ def test_over_draws_is_vmap_bit_for_bit(n, dtype, every_equation_scheduled):
 
 def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
     """The schedule is taken where the equations bound directly pay for the tail
-    (`EQNS_PER_RUN`): hundreds of scalars, each transformed, bind directly; a model whose
+    (`eqns_per_run`): hundreds of scalars, each transformed, bind directly; a model whose
     elementwise equations come after slices and reductions keeps `jax.vmap`."""
-    from pymc_chunkpost._jaxpr_eval import EQNS_PER_RUN
 
     def scalars(*xs):
         return [jnp.exp(x) + 1.0 for x in xs] + [sum(xs)]
@@ -276,7 +275,7 @@ def test_many_scalars_bind_directly_and_mixed_models_keep_vmap():
 
     closed = jax.make_jaxpr(logsumexps)(jax.ShapeDtypeStruct((4, 6), np.float64))
     fun = draw_major_fun(closed)
-    assert fun.schedule.tail and fun.schedule.elementwise < EQNS_PER_RUN, fun.schedule
+    assert fun.schedule.tail and fun.schedule.elementwise < current().eqns_per_run, fun.schedule
     assert not fun.schedule.pays
     a = RNG.normal(size=(3, 4, 6))
     np.testing.assert_array_equal(

@@ -81,3 +81,73 @@ def test_version_comes_from_the_metadata():
         if re.search(r"__version__\s*=\s*['\"]\d+\.\d+", path.read_text())
     ]
     assert written == []
+
+
+#: The package's layers, top to bottom: a module imports only from its own layer or below
+#: (docs/architecture.md). Modules of one layer may import each other, without cycles.
+LAYERS = [
+    ("face", {"__init__", "cli", "profiling"}),
+    ("routes", {"_patch", "_posthoc", "_graph", "_predictive", "numpyro"}),
+    ("entry", {"_postprocess", "_options"}),
+    ("planner", {"_planner", "_tuner", "_library_fusions", "_tuning"}),
+    ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),
+    ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval"}),
+    ("data", {"_problem", "_types"}),
+    ("shared", {"_cache", "_disk", "_memory", "_progress", "_config", "_compat"}),
+    ("leaves", {"_version", "_extras"}),
+]
+PACKAGE = ROOT / "pymc_chunkpost"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {p.stem: p for p in PACKAGE.glob("*.py")}
+    modules["profiling"] = PACKAGE / "profiling" / "__init__.py"
+    return modules
+
+
+def _imports(path: Path) -> set[str]:
+    """The package's modules that `path` imports, at module level or inside functions."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module is None:  # from . import _a, _b
+                found |= {alias.name for alias in node.names}
+            else:
+                found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pymc_chunkpost."):
+            found.add(node.module.split(".")[1])
+    return found
+
+
+def test_imports_point_down():
+    layer = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+    modules = _modules()
+    unplaced = sorted(set(modules) - set(layer))
+    assert unplaced == [], f"place these modules in a layer: {unplaced}"
+    upward = [
+        f"{name} ({LAYERS[layer[name]][0]}) imports {target} ({LAYERS[layer[target]][0]})"
+        for name, path in modules.items()
+        for target in _imports(path)
+        if target in layer and layer[target] < layer[name]
+    ]
+    assert upward == []
+
+
+def test_no_function_is_longer_than_80_lines():
+    """Every function's body, its docstring aside, nested functions included."""
+    import ast
+
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body
+            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:] or body
+            lines = (node.end_lineno or node.lineno) - body[0].lineno + 1
+            if lines > 80:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines}")
+    assert long == []

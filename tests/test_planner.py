@@ -22,6 +22,8 @@ from helpers import (
 
 import pymc_chunkpost as pc
 from pymc_chunkpost import _executor, _memory, _planner, _postprocess
+from pymc_chunkpost._config import current
+from pymc_chunkpost._executor import CompileOutOfMemory
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def test_plan_fields_and_budget(wider):
     assert plan.source == "rule" and plan.planning_seconds >= plan.compile_seconds > 0
     free = _memory.free_bytes(jax.devices()[0])
     assert plan.budget_bytes * plan.n_devices == pytest.approx(free, rel=0.2)  # RAM, once
-    assert plan.peak_bytes <= pc._planner.COMFORT_FRACTION * plan.budget_bytes
+    assert plan.peak_bytes <= current().comfort_fraction * plan.budget_bytes
     # A budget that vmap's peak would not fit comfortably: a loop, within 10% of the floor.
     tight = pc.plan(jax_fn, raw, memory_budget=1.5 * floor)
     assert tight.strategy == "chunked" and tight.loop == "xla"
@@ -74,13 +76,13 @@ def test_auto_runs_exactly_the_plan(wide, monkeypatch):
     raw = models.raw_draws(model, 3, 101)
     plan = pc.plan(jax_fn, raw, memory_budget=2**30)
     compiles = []
-    real = _executor.compile_executable
+    real = _executor.obtain
 
-    def spy(jax_fn, problem, strategy, loop, size, *args, **kwargs):
-        compiles.append((strategy, size))
-        return real(jax_fn, problem, strategy, loop, size, *args, **kwargs)
+    def spy(jax_fn, problem, request, **kwargs):
+        compiles.append((request.strategy, request.chunk_size))
+        return real(jax_fn, problem, request, **kwargs)
 
-    monkeypatch.setattr(_planner, "compile_executable", spy)
+    monkeypatch.setattr(_executor, "obtain", spy)
     outputs, ran = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**30)
     assert (ran.strategy, ran.chunk_size, ran.peak_bytes) == (
         plan.strategy,
@@ -128,15 +130,15 @@ def test_default_budget_is_free_memory(monkeypatch, wide):
     assert pc.plan(jax_fn, models.raw_draws(model, 1, 3)).budget_bytes == 123_456_789
 
 
-def test_data_every_draw_reads_shrinks_the_chunk(wide, monkeypatch):
+def test_data_every_draw_reads_shrinks_the_chunk(wide, configure):
     """The data (`pm.Data` x, 2000 x 3) share the cache with the chunk: the CPU chunk aims at
-    `TARGET_CHUNK_BYTES` less those bytes, keeping at least half the target."""
-    monkeypatch.setattr(_planner, "TARGET_CHUNK_BYTES", 4 * 2**20)  # any machine's L2
+    `target_chunk_bytes` less those bytes, keeping at least half the target."""
+    configure(target_chunk_bytes=4 * 2**20)  # any machine's L2
     model, jax_fn = wide
     raw = models.raw_draws(model, 4, 500)
     problem = problem_of(jax_fn, raw, jax.devices("cpu")[0])
     assert problem.shared_bytes >= 2000 * 3 * 8
-    target, per_item = _planner.TARGET_CHUNK_BYTES, problem.per_item_bytes
+    target, per_item = current().chunk_target(), problem.per_item_bytes
 
     def size(shared):
         changed = dataclasses.replace(problem, shared_bytes=shared)
@@ -308,18 +310,34 @@ class TestOutOfMemoryWhileCompiling:
 
     @pytest.fixture
     def failing(self, monkeypatch):
-        """`executable` fails to compile chunks over `limit[0]` draws (vmap: all draws)."""
+        """`obtain` fails to compile chunks over `limit[0]` draws (vmap: all draws), as it
+        does when XLA's compile fails so (`test_the_autotuner_failure_is_out_of_memory`)."""
         attempts, limit = [], [16]
-        real = _executor.compile_executable
+        real = _executor.obtain
 
-        def compile_executable(jax_fn, problem, strategy, loop, chunk_size, *args, **kwargs):
-            attempts.append((strategy, chunk_size))
-            if (chunk_size or problem.n_items) > limit[0]:
-                raise jax.errors.JaxRuntimeError(self.AUTOTUNE_FAILURE)
-            return real(jax_fn, problem, strategy, loop, chunk_size, *args, **kwargs)
+        def obtain(jax_fn, problem, request, **kwargs):
+            attempts.append((request.strategy, request.chunk_size))
+            if (request.chunk_size or problem.n_items) > limit[0]:
+                failure = jax.errors.JaxRuntimeError(self.AUTOTUNE_FAILURE)
+                raise CompileOutOfMemory(request.strategy) from failure
+            return real(jax_fn, problem, request, **kwargs)
 
-        monkeypatch.setattr(_planner, "compile_executable", compile_executable)
+        monkeypatch.setattr(_executor, "obtain", obtain)
         return attempts, limit
+
+    def test_the_autotuner_failure_is_out_of_memory(self, wide, monkeypatch):
+        """XLA's compile failing so is read as running out of memory while compiling."""
+        from pymc_chunkpost._problem import is_out_of_memory
+
+        def compile(self, *args, **kwargs):
+            raise jax.errors.JaxRuntimeError(TestOutOfMemoryWhileCompiling.AUTOTUNE_FAILURE)
+
+        monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
+        model, jax_fn = wide
+        pc.clear_caches()
+        with pytest.raises(CompileOutOfMemory) as caught:
+            compile_for(jax_fn, models.raw_draws(model, 2, 3), "vmap")
+        assert is_out_of_memory(caught.value) and is_out_of_memory(caught.value.__cause__)
 
     def test_planner_halves_what_fails_to_compile(self, wide, failing):
         attempts, _ = failing
@@ -359,12 +377,12 @@ class TestOutOfMemoryWhileCompiling:
 def test_a_jump_at_one_draw_is_not_a_memory_error(wide, monkeypatch):
     """XLA's temporaries "jump" (over 4x the estimate) at every size here: the planner halves
     down to one draw and runs that, since it fits the budget; no MemoryError."""
-    real = _executor.compile_executable
+    real = _executor.obtain
 
-    def compile_executable(*args, **kwargs):
+    def obtain(*args, **kwargs):
         return dataclasses.replace(real(*args, **kwargs), temp_bytes=2**30)
 
-    monkeypatch.setattr(_planner, "compile_executable", compile_executable)
+    monkeypatch.setattr(_executor, "obtain", obtain)
     model, jax_fn = wide
     raw = models.raw_draws(model, 2, 4)
     outputs, plan = _postprocess.run(jax_fn, raw, None, "chunked", memory_budget=2**40)
@@ -395,7 +413,7 @@ def test_unknown_free_memory_plans_without_a_limit(monkeypatch, wide):
         assert pc.plan(jax_fn, raw).budget_bytes is None
 
 
-def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
+def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch, configure):
     import tqdm.auto
 
     updates = []
@@ -417,7 +435,7 @@ def test_progress_bar_counts_every_draw(wide, capsys, monkeypatch):
 
     # Segments of (almost) no time: one update per chunk (9 chunks, the last overlapping).
     updates.clear()
-    monkeypatch.setattr(_executor, "SEGMENT_SECONDS", 0.0)
+    configure(segment_seconds=0.0)
     raw = models.raw_draws(model, 2, 30)
     outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", chunk_size=7, progressbar=True)
     assert [u for u in updates if u] == [7] * 8 + [4], updates
@@ -430,12 +448,12 @@ class TestSegmentsKeepTheDraws:
     later segment leaves them intact."""
 
     @pytest.fixture
-    def segments(self, monkeypatch):
-        monkeypatch.setattr(_executor, "SEGMENT_SECONDS", 0.0)  # one chunk per segment
+    def segments(self, monkeypatch, configure):
+        configure(segment_seconds=0.0)  # one chunk per segment
         calls = []
-        real = _executor.compile_executable
+        real = _executor.obtain
 
-        def compile_executable(*args, **kwargs):
+        def obtain(*args, **kwargs):
             exe = real(*args, **kwargs)
             if not exe.segments:
                 return exe
@@ -450,7 +468,7 @@ class TestSegmentsKeepTheDraws:
             return dataclasses.replace(exe, compiled=step)
 
         fail_at = []
-        monkeypatch.setattr(_planner, "compile_executable", compile_executable)
+        monkeypatch.setattr(_executor, "obtain", obtain)
         return calls, fail_at
 
     def test_donated_draws_are_freed_after_the_last_segment(self, wide, segments):
@@ -509,7 +527,7 @@ def compiles(monkeypatch):
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="elsewhere the fill is compiled")
 def test_segments_on_a_cpu_compile_no_fill_program(wide, compiles):
-    """On a CPU, outputs under `HOST_ZEROS_MAX_BYTES` that segments update start as zeros
+    """On a CPU, outputs under `host_zeros_max_bytes` that segments update start as zeros
     placed from the host: the step is the only program XLA compiles, and it still takes
     those outputs by donation."""
     pc.clear_caches()  # a fresh compile
@@ -520,12 +538,12 @@ def test_segments_on_a_cpu_compile_no_fill_program(wide, compiles):
     assert_zero_outputs_donated_to_the_step(exe, raw)
 
 
-def test_segments_with_large_outputs_compile_a_fill_program(wide, monkeypatch, compiles):
-    """Outputs of `HOST_ZEROS_MAX_BYTES` or more are filled by a compiled program (the
+def test_segments_with_large_outputs_compile_a_fill_program(wide, configure, compiles):
+    """Outputs of `host_zeros_max_bytes` or more are filled by a compiled program (the
     host's copy writes them slower): two programs compile, the fill gives zeros of the
     outputs' shapes and dtypes, and the step takes them by donation."""
     pc.clear_caches()
-    monkeypatch.setattr(_executor, "HOST_ZEROS_MAX_BYTES", 0)
+    configure(host_zeros_max_bytes=0)
     model, jax_fn = wide
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
     exe = compile_for(jax_fn, raw, "chunked", 7, progress=True)
@@ -656,7 +674,7 @@ def test_a_fixed_strategy_over_an_explicit_budget_is_refused_before_work(built):
     ],
 )
 def test_rule_rounds_to_a_divisor_preferring_one_below(n, target, size):
-    """The rule's size goes to the largest divisor of the draws within `ROUND_DOWN_WITHIN`
+    """The rule's size goes to the largest divisor of the draws within `round_down_within`
     below it, else the nearest by ratio within a factor of 2 (no overlapping last chunk), or
     stays as it is when there is none."""
     assert _planner._rule_divisor(n, target) == size
@@ -671,7 +689,7 @@ def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, mo
     jaxpr's bound leaves it a chance. big_data reduces 0.6 GiB of dot products per run to
     tiny summaries (its vmap compiled to 1.2 GiB of temporaries, and lost); big_det and wide
     write temporaries as large as their outputs straight into them (none compiled, the vmap
-    runs); hierarchical's bound is over `VMAP_BOUND_SLACK` times the threshold."""
+    runs); hierarchical's bound is over `vmap_bound_slack` times the threshold."""
     from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn
 
     spec = FIXTURES[name]
@@ -681,13 +699,13 @@ def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, mo
     problem = problem_of(fn, raw, jax.devices("cpu")[0])
     assert _planner._vmap_may_fit(problem, 1) is compiled
     strategies = []
-    real = _planner.compile_executable
+    real = _executor.obtain
 
-    def spy(jax_fn, problem, strategy, *args, **kwargs):
-        strategies.append(strategy)
-        return real(jax_fn, problem, strategy, *args, **kwargs)
+    def spy(jax_fn, problem, request, **kwargs):
+        strategies.append(request.strategy)
+        return real(jax_fn, problem, request, **kwargs)
 
-    monkeypatch.setattr(_planner, "compile_executable", spy)
+    monkeypatch.setattr(_executor, "obtain", spy)
     plan = pc.plan(fn, raw, "cpu", memory_budget=2**34)
     assert ("vmap" in strategies) is compiled, plan.reason
     if compiled:
@@ -695,12 +713,12 @@ def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, mo
 
 
 @pytest.mark.parametrize("shards, cores, together", [(1, 2, 1), (4, 2, 2), (4, 8, 4), (2, 2, 2)])
-def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monkeypatch):
+def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monkeypatch, configure):
     """Shards on one CPU run at once, up to one per core, and share its caches: each aims at
-    `TARGET_CHUNK_BYTES` over the shards running together (docs/zoo.md, run 5)."""
+    `target_chunk_bytes` over the shards running together (docs/zoo.md, run 5)."""
     import types
 
-    monkeypatch.setattr(_planner, "TARGET_CHUNK_BYTES", 8 * 2**20)
+    configure(target_chunk_bytes=8 * 2**20)
     monkeypatch.setattr(_planner, "cpu_cores", lambda: cores)
     per_item = 2**16
     problem = types.SimpleNamespace(

@@ -15,7 +15,7 @@ from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _disk, _planner, _postprocess
+from pymc_chunkpost import _compat, _disk, _planner, _postprocess
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 
@@ -119,17 +119,17 @@ def test_single_device_draws_are_not_spread_on_a_cpu(built):
     assert _planner.spread(problem) is problem
 
 
-def test_single_device_draws_spread_over_accelerators(built, monkeypatch):
-    """On a platform in `SPREAD_PLATFORMS` (here the CPU, made one for the test), a large
-    enough run is split over the local devices along the chain axis, outputs equal."""
-    monkeypatch.setattr(_planner, "SPREAD_PLATFORMS", ("cpu",))
-    monkeypatch.setattr(_planner, "SPREAD_MIN_BYTES", 0)
-    monkeypatch.setattr(_planner, "cpu_cores", lambda: 2)
+def test_single_device_draws_spread_over_accelerators(built, monkeypatch, configure):
+    """On a platform in `spread_platforms` (here the CPU with two local devices, made an
+    accelerator for the test), a large enough run is split over the local devices along the
+    chain axis, outputs equal."""
+    configure(spread_platforms=("cpu",), spread_min_bytes=0)
+    monkeypatch.setattr(_planner, "_local_devices", lambda platform: jax.devices(platform)[:2])
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 50)]
     expected = reference(jax_fn, raw)
     outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
-    assert plan.n_devices == 2 and "chain axis" in plan.devices_reason  # one per core
+    assert plan.n_devices == 2 and "chain axis" in plan.devices_reason
     assert_same(outputs, expected)
     outputs, plan = _postprocess.run(
         jax_fn, [jnp.asarray(x) for x in models.raw_draws(model, 1, 50)], None, "auto"
@@ -137,20 +137,23 @@ def test_single_device_draws_spread_over_accelerators(built, monkeypatch):
     assert plan.n_devices == 2 and "draw axis" in plan.devices_reason
 
 
-def test_vmap_threshold_counts_every_cpu_device(built, monkeypatch):
+def test_vmap_threshold_counts_every_cpu_device(built):
     """On a CPU the devices share one memory system: `auto` weighs the loop-free vmap's
     temporaries of all devices together, not one device's."""
-    from pymc_chunkpost._executor import Loop, compile_executable
+    from pymc_chunkpost._config import configured
+    from pymc_chunkpost._executor import obtain
+    from pymc_chunkpost._program import Request
+    from pymc_chunkpost._types import Loop
 
     model, jax_fn = built("transforms")  # a vmap with temporaries (not a product by data)
     raw = _sharded(models.raw_draws(model, 4, 500), SPECS["chains"])
     problem, _ = _postprocess._validate(jax_fn, raw, None)
-    per_device = compile_executable(jax_fn, problem, "vmap", Loop.NONE, None).temp_bytes
+    per_device = obtain(jax_fn, problem, Request("vmap", Loop.NONE, None)).temp_bytes
     assert per_device > 0
     expected = reference(jax_fn, raw)
     for threshold, strategy in ((2 * per_device, "chunked"), (5 * per_device, "vmap")):
-        monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", threshold)
-        outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+        with configured(vmap_temp_bytes=threshold):
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
         assert plan.strategy == strategy, plan.reason
         assert_same(outputs, expected)
 
@@ -169,7 +172,7 @@ def gp():
 
 def _deadlock_prone(monkeypatch):
     """As on jaxlib 0.10 with 4 CPU devices in the process."""
-    monkeypatch.setattr(_planner, "LAPACK_DEADLOCK_FIXED_IN", (10**6,))
+    monkeypatch.setattr(_compat, "LAPACK_DEADLOCK_FIXED_IN", (10**6, 0))
     monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 4)
 
 
@@ -191,7 +194,7 @@ def test_serial_shards_only_where_the_deadlock_can_happen(gp, built, monkeypatch
         structured_fn, _sharded(models.raw_draws(structured_model, 4, 10), SPECS["chains"]), None
     )[0]
     one_device = _postprocess._validate(jax_fn, [jnp.asarray(x) for x in raw], None)[0]
-    if _planner._jaxlib_version() >= _planner.LAPACK_DEADLOCK_FIXED_IN:
+    if not _compat.lapack_may_deadlock():
         assert _planner.serial_shards(problem) is None  # a fixed jaxlib
     _deadlock_prone(monkeypatch)
     reason = _planner.serial_shards(problem)

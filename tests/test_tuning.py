@@ -17,8 +17,23 @@ import numpy as np
 import pytest
 from helpers import assert_same, problem_of, reference
 
-from pymc_chunkpost import _disk, _planner, _postprocess, _tuning
-from pymc_chunkpost._executor import has_library_fusions, library_reductions
+from pymc_chunkpost import (
+    _compat,
+    _disk,
+    _executor,
+    _library_fusions,
+    _planner,
+    _postprocess,
+    _tuner,
+    _tuning,
+)
+from pymc_chunkpost._config import current
+from pymc_chunkpost._executor import hlo_text
+from pymc_chunkpost._library_fusions import has_library_fusions
+
+
+def library_reductions(exe):
+    return _compat.library_reductions(hlo_text(exe))
 
 
 @pytest.fixture(scope="module")
@@ -46,23 +61,24 @@ def _table(best: int):
 
 
 @pytest.fixture
-def timed(monkeypatch):
+def timed(monkeypatch, configure):
     """Tune every run, and feed the tuner `table(size) * size` seconds per chunk."""
-    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", 0.0)
-    monkeypatch.setattr(_planner, "TUNE_WINDOW_SECONDS", 0.0)
-    monkeypatch.setattr(_planner.Tuner, "segment_seconds", 1e-9)  # a chunk per segment
-    monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)  # always a loop
+    configure(
+        tune_min_seconds=0.0,
+        tune_window_seconds=0.0,  # and so a chunk per segment
+        vmap_temp_bytes=0,  # always a loop
+        background_compiles=False,  # the next chunk always has the candidate
+        library_try_compiles=math.inf,  # tests that want it say so
+    )
     monkeypatch.setattr(_planner, "_fast_chunk_size", lambda *args: (8, "a start of 8"))
-    monkeypatch.setattr(_planner.Tuner, "synchronous", True)
-    monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", math.inf)  # tests that want it say so
-    real = _planner.Tuner.record
+    real = _tuner.Tuner.record
     table = {}
 
     def record(self, step, seconds, draws):
         slower = 1.0 if step.library_fusions else table.get("without library", 1.0)
         real(self, step, table["f"](step.chunk_size) * slower * draws, draws)
 
-    monkeypatch.setattr(_planner.Tuner, "record", record)
+    monkeypatch.setattr(_tuner.Tuner, "record", record)
     return table
 
 
@@ -70,14 +86,14 @@ def timed(monkeypatch):
 def ran_steps(monkeypatch):
     """Every compiled step the tuner hands the executor, in order."""
     ran = []
-    real = _planner.Tuner.next_step
+    real = _tuner.Tuner.next_step
 
     def next_step(self, start):
         step = real(self, start)
         ran.append(step)
         return step
 
-    monkeypatch.setattr(_planner.Tuner, "next_step", next_step)
+    monkeypatch.setattr(_tuner.Tuner, "next_step", next_step)
     return ran
 
 
@@ -100,9 +116,8 @@ def test_tuner_finds_the_best_chunk_of_a_timing_table(built, timed, name, best):
     assert_same(outputs, expected)  # chunks of mixed sizes tile every draw exactly once
 
 
-def test_a_short_run_is_not_tuned(wide, monkeypatch):
-    monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
-    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", 1e9)
+def test_a_short_run_is_not_tuned(wide, configure):
+    configure(vmap_temp_bytes=0, tune_min_seconds=1e9)
     model, jax_fn = wide
     raw = models.raw_draws(model, 2, 100)
     outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
@@ -111,15 +126,15 @@ def test_a_short_run_is_not_tuned(wide, monkeypatch):
 
 
 def test_a_run_far_shorter_than_its_first_chunks_projected_keeps_the_rules_size(
-    built, timed, ran_steps, cache, monkeypatch
+    built, timed, ran_steps, cache, configure
 ):
     """First chunks timed through a stall of the machine project a long run and start the
-    tuner; when the whole run then takes under `TUNE_TRUST_FRACTION` of `TUNE_MIN_SECONDS`,
+    tuner; when the whole run then takes under `tune_trust_fraction` of `tune_min_seconds`,
     what it measured is not kept: the plan and the tuning cache get the rule's size, and the
     next run starts from it."""
     model, jax_fn = built("structured")
     timed["f"] = lambda size: 1e4 * _table(64)(size)  # seconds per draw, as in a stall
-    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", 1e3)  # projected: 4,000 s and more
+    configure(tune_min_seconds=1e3)  # projected: 4,000 s and more
     raw = models.raw_draws(model, 4, 1000)
     outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
     assert {step.chunk_size for step in ran_steps} > {8}  # the tuner did run other sizes
@@ -133,19 +148,18 @@ def test_a_run_far_shorter_than_its_first_chunks_projected_keeps_the_rules_size(
     # The same run with the measurement trusted keeps what it measured.
     for path in _stored(cache):
         path.unlink()
-    monkeypatch.setattr(_planner, "TUNE_TRUST_FRACTION", 0.0)
+    configure(tune_trust_fraction=0.0)
     _, trusted = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**32)
     assert trusted.source == "measured" and trusted.chunk_size != 8
 
 
-def test_candidates_over_the_budget_never_run(built, timed, ran_steps, monkeypatch):
+def test_candidates_over_the_budget_never_run(built, timed, ran_steps):
     """A candidate's compiled peak is checked before it runs: with a budget just above the
     rule's own chunk, larger chunks are compiled, found too big, and never run."""
     model, jax_fn = built("data_regression")
     timed["f"] = _table(256)  # larger is "faster"
     raw = models.raw_draws(model, 4, 250)
     first = _postprocess.plan(jax_fn, raw, memory_budget=2**32)
-    monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
     problem = problem_of(jax_fn, raw)
     budget = problem.output_bytes + 3 * 2**16
     outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=budget)
@@ -164,13 +178,12 @@ def row_slopes():
     return model, fixtures.jax_fn(model)
 
 
-def _library_run(model_fn, timed, without: float, monkeypatch, tries: float = 0.0):
+def _library_run(model_fn, timed, without: float, configure, tries: float = 0.0):
     """A loop whose chunk XLA compiles with library fusions, tuned under a table in which the
     chunk without them takes `without` times as long; only the library trial runs (no other
     sizes)."""
     model, jax_fn = model_fn
-    monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", tries)
-    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", math.inf)
+    configure(library_try_compiles=tries, tune_min_seconds=math.inf)
     timed["f"] = _table(8)
     timed["without library"] = without
     raw = models.raw_draws(model, 4, 250)
@@ -186,9 +199,9 @@ def _close_to(outputs, expected):
 
 
 def test_the_loop_without_library_fusions_runs_where_it_measured_faster(
-    row_slopes, timed, ran_steps, cache, monkeypatch
+    row_slopes, timed, ran_steps, cache, configure
 ):
-    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 0.5, monkeypatch)
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 0.5, configure)
     assert has_library_fusions(ran_steps[0])  # the rule's chunk, as XLA compiles it
     assert not plan.library_fusions and plan.source == "measured", plan.reason
     assert "without XLA's library fusions" in plan.reason
@@ -206,10 +219,10 @@ def test_the_loop_without_library_fusions_runs_where_it_measured_faster(
 
 @pytest.mark.parametrize("without", [2.0, 0.9])
 def test_library_fusions_stay_where_they_measured_faster_or_about_as_fast(
-    row_slopes, timed, ran_steps, cache, monkeypatch, without
+    row_slopes, timed, ran_steps, cache, configure, without
 ):
-    """Slower without them, or faster by less than `LIBRARY_MIN_GAIN` (1/0.9 = 1.11x)."""
-    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, without, monkeypatch)
+    """Slower without them, or faster by less than `library_min_gain` (1/0.9 = 1.11x)."""
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, without, configure)
     assert any(not s.library_fusions for s in ran_steps)  # the trial did run
     assert plan.library_fusions and ran_steps[-1].library_fusions, plan.reason
     assert "with XLA's library fusions (measured" in plan.reason
@@ -219,9 +232,9 @@ def test_library_fusions_stay_where_they_measured_faster_or_about_as_fast(
 
 
 def test_no_library_trial_where_the_work_left_cannot_repay_a_compile(
-    row_slopes, timed, ran_steps, cache, monkeypatch
+    row_slopes, timed, ran_steps, cache, configure
 ):
-    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 0.5, monkeypatch, tries=1e9)
+    jax_fn, raw, outputs, plan = _library_run(row_slopes, timed, 0.5, configure, tries=1e9)
     assert all(s.library_fusions for s in ran_steps) and plan.library_fusions
     assert plan.source == "rule" and "library" not in plan.reason
     assert_same(outputs, reference(jax_fn, raw))
@@ -232,7 +245,7 @@ def test_library_reductions_are_read_from_the_compiled_program(built, row_slopes
     short; structured's loop has no library fusion."""
     from helpers import compile_for
 
-    short = _planner.LIBRARY_SHORT_REDUCTION
+    short = current().library_short_reduction
     model, jax_fn = row_slopes
     exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
     assert 3 in library_reductions(exe)
@@ -245,41 +258,41 @@ def test_library_reductions_are_read_from_the_compiled_program(built, row_slopes
     assert library_reductions(exe) == []
 
 
+@pytest.fixture
+def without_library(monkeypatch):
+    """Every executable obtained without library fusions, in order."""
+    obtained = []
+    real = _executor.obtain
+
+    def obtain(jax_fn, problem, request, **kwargs):
+        exe = real(jax_fn, problem, request, **kwargs)
+        if not request.library_fusions:
+            obtained.append(exe)
+        return exe
+
+    monkeypatch.setattr(_executor, "obtain", obtain)
+    return obtained
+
+
 def test_no_library_trial_without_a_short_library_reduction(
-    built, timed, ran_steps, cache, monkeypatch
+    built, timed, ran_steps, cache, configure, without_library
 ):
     """data_regression's library fusions reduce long rows: nothing is compiled for a trial."""
-    compiled = []
-    real = _planner.Tuner._candidate
-
-    def candidate(self, size, library_fusions):
-        compiled.append(library_fusions)
-        return real(self, size, library_fusions)
-
-    monkeypatch.setattr(_planner.Tuner, "_candidate", candidate)
-    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, monkeypatch)
+    compiled = without_library
+    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, configure)
     assert compiled == [] and plan.library_fusions and "library" not in plan.reason
     assert_same(outputs, reference(jax_fn, raw))
 
 
 def test_no_library_trial_where_it_would_save_no_temporaries(
-    built, timed, ran_steps, cache, monkeypatch
+    built, timed, ran_steps, cache, monkeypatch, configure, without_library
 ):
     """Taken for a loop with a short library reduction, data_regression's chunk is compiled
     without library fusions, needs as many temporaries, and is dropped unrun, however fast
     the table says it would be."""
-    monkeypatch.setattr(_planner, "library_reductions", lambda exe: [1])
-    candidates = []
-    real = _planner.Tuner._candidate
-
-    def candidate(self, size, library_fusions):
-        exe = real(self, size, library_fusions)
-        candidates.append((exe, self.steps[size]))
-        return exe
-
-    monkeypatch.setattr(_planner.Tuner, "_candidate", candidate)
-    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, monkeypatch)
-    ((exe, step),) = candidates  # compiled, without library fusions, and as large
+    monkeypatch.setattr(_library_fusions, "library_reductions", lambda text: [1])
+    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, configure)
+    (exe,), step = without_library, ran_steps[0]  # compiled, without library fusions, as large
     assert not exe.library_fusions and exe.temp_bytes >= step.temp_bytes
     assert has_library_fusions(ran_steps[0])
     assert all(s.library_fusions for s in ran_steps) and plan.library_fusions
@@ -287,12 +300,11 @@ def test_no_library_trial_where_it_would_save_no_temporaries(
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_no_library_trial_where_xla_used_no_library(built, timed, ran_steps, monkeypatch):
+def test_no_library_trial_where_xla_used_no_library(built, timed, ran_steps, configure):
     """structured's loop has no library fusion: the trial compiles nothing and the run goes
     on as the rule planned it."""
     model, jax_fn = built("structured")
-    monkeypatch.setattr(_planner, "LIBRARY_TRY_COMPILES", 0.0)
-    monkeypatch.setattr(_planner, "TUNE_MIN_SECONDS", math.inf)
+    configure(library_try_compiles=0.0, tune_min_seconds=math.inf)
     timed["f"] = _table(8)
     timed["without library"] = 0.5
     raw = models.raw_draws(model, 4, 250)
@@ -307,18 +319,20 @@ def test_compiled_without_library_fusions(built):
     and the results stay pymc's up to rounding; other executables keep them."""
     from helpers import problem_of as problem_for
 
-    from pymc_chunkpost._executor import Loop, compile_executable
+    from pymc_chunkpost._executor import obtain
+    from pymc_chunkpost._program import Request
+    from pymc_chunkpost._types import Loop
 
     model, jax_fn = built("data_regression")
     raw = models.raw_draws(model, 4, 100)
     problem = problem_for(jax_fn, raw)
-    plain = compile_executable(jax_fn, problem, "chunked", Loop.XLA, 8)
-    bare = compile_executable(jax_fn, problem, "chunked", Loop.XLA, 8, library_fusions=False)
+    plain = obtain(jax_fn, problem, Request("chunked", Loop.XLA, 8))
+    bare = obtain(jax_fn, problem, Request("chunked", Loop.XLA, 8, library_fusions=False))
     assert has_library_fusions(plain) and not has_library_fusions(bare)
     assert bare is not plain and not bare.library_fusions
-    assert compile_executable(jax_fn, problem, "chunked", Loop.XLA, 8) is plain
+    assert obtain(jax_fn, problem, Request("chunked", Loop.XLA, 8)) is plain
     with pytest.raises(ValueError, match="XLA loop on a CPU"):
-        compile_executable(jax_fn, problem, "vmap", Loop.NONE, None, library_fusions=False)
+        obtain(jax_fn, problem, Request("vmap", Loop.NONE, None, library_fusions=False))
     from pymc_chunkpost._executor import execute
 
     expected = reference(jax_fn, raw)
@@ -463,3 +477,73 @@ class TestCache:
         monkeypatch.delenv("PYMC_CHUNKPOST_CACHE_DIR")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
         assert _tuning.cache_dir() == tmp_path / "pymc_chunkpost"
+
+
+class TestPolicies:
+    """The tuner's two policies on injected timings: no compile, no wall clock."""
+
+    def _search(self, table, first=8, n=4000, **changes):
+        """The sizes `SizeSearch` tries from `first` under `table` (seconds per draw by size),
+        each timed over a warm-up call and two timed calls of 100 draws, with plenty left."""
+        import dataclasses
+
+        config = dataclasses.replace(
+            current(), tune_min_seconds=0.0, tune_window_seconds=0.0, **changes
+        )
+        search = _tuner.SizeSearch(config, [first])
+        size = first
+        while size is not None:
+            for _ in range(3):
+                complete = search.record(size, table(size) * 100, 100)
+            assert complete
+            size = search.next_size(search.fastest(), left_seconds=1e9, n=n)
+        return search.tried, search.fastest()
+
+    def test_the_size_search_climbs_to_the_valley(self):
+        tried, best = self._search(_table(64))
+        assert tried == [8, 16, 32, 64, 128] and best == 64
+        tried, best = self._search(_table(2))
+        assert tried == [8, 16, 4, 2, 1] and best == 2
+
+    def test_the_size_search_stops_where_the_work_left_cannot_repay_a_compile(self):
+        import dataclasses
+
+        config = dataclasses.replace(current(), tune_min_seconds=3.0, tune_window_seconds=0.0)
+        search = _tuner.SizeSearch(config, [8])
+        for _ in range(3):
+            search.record(8, 1e-3, 1)
+        assert search.next_size(8, left_seconds=2.9, n=4000) is None
+        assert search.next_size(8, left_seconds=3.1, n=4000) == 16
+
+    def test_a_window_needs_its_calls_and_its_seconds(self):
+        import dataclasses
+
+        config = dataclasses.replace(current(), tune_chunks=2, tune_window_seconds=0.05)
+        search = _tuner.SizeSearch(config, [8])
+        assert not search.record(8, 1.0, 8)  # the warm-up call
+        assert not search.record(8, 0.01, 8) and not search.record(8, 0.01, 8)  # 0.02 s
+        assert search.record(8, 0.04, 8) and search.rates == {8: 0.01 / 8}  # the median
+
+    @pytest.mark.parametrize("with_library, kept", [(1.0, True), (0.9, False), (0.5, False)])
+    def test_the_library_trial_keeps_a_variant_only_past_its_gain(self, with_library, kept):
+        import types
+
+        trial = _library_fusions.LibraryTrial(current(), decided=False)
+        variant = types.SimpleNamespace(to_store=[])
+        trial.start(variant)  # type: ignore[arg-type]
+        assert (trial.judge(with_library, without=0.75) is variant) is kept
+        assert trial.fusions is not kept and trial.variant is None
+        assert trial.seconds == {True: with_library, False: 0.75}
+
+    def test_the_library_trial_is_tried_only_where_the_work_left_repays_a_compile(self):
+        import types
+
+        from pymc_chunkpost._types import Origin
+
+        first = types.SimpleNamespace(origin=Origin.COMPILED, compile_seconds=0.5)
+        loaded = types.SimpleNamespace(origin=Origin.LOADED, compile_seconds=0.0)
+        config = current()
+        for step, left, tried in [(first, 1.1, True), (first, 0.9, False), (loaded, 9, False)]:
+            trial = _library_fusions.LibraryTrial(config, decided=False)
+            assert trial.worth_trying(step, left) is tried  # type: ignore[arg-type]
+            assert trial.decided

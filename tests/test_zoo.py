@@ -117,13 +117,13 @@ def test_integer_outputs_are_integers(zoo):
 
 @pytest.mark.parametrize("strategy", ["vmap", "scan_vmap", "auto"])
 @pytest.mark.parametrize("name", ZOO)
-def test_matches_pymc_with_every_jaxpr_scheduled(zoo, name, strategy, monkeypatch):
+def test_matches_pymc_with_every_jaxpr_scheduled(zoo, name, strategy, monkeypatch, configure):
     """`DrawFunction.over_draws` takes its schedule (elementwise equations bound on the
     draws' arrays) only where it pays; forced on every model and in each strategy that maps
     draws with it, the outputs are still pymc's."""
     from pymc_chunkpost import _jaxpr_eval
 
-    monkeypatch.setattr(_jaxpr_eval, "EQNS_PER_RUN", 0)
+    configure(eqns_per_run=0)
     calls = []
     real = _jaxpr_eval._run_schedule
     monkeypatch.setattr(_jaxpr_eval, "_run_schedule", lambda *a: calls.append(1) or real(*a))

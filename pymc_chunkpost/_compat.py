@@ -1,0 +1,153 @@
+"""Every workaround for a version of jax, jaxlib or XLA, each behind an explicit version check.
+
+The floor is jax 0.10 (`pyproject.toml`): CI tests jax and jaxlib 0.10.2 (Python 3.11, pymc
+5.28) and 0.12 (Python 3.12, pymc 6.4). A workaround for a version below the floor is deleted,
+not kept. Each one here says on which versions it was seen, and `tests/test_compat.py` tests
+the path that each CI stack runs, so that a jax that fixes (or changes) what it works around
+fails a test instead of keeping a stale workaround.
+
+1. jaxlib before 0.11 can deadlock when all the CPU devices of a process run LAPACK kernels
+   at once (`lapack_may_deadlock`): the shards run one after another.
+2. XLA's CPU sort cannot be serialized once it has run (`unserializable_after_run`): such a
+   step is serialized right after it is compiled.
+3. XLA's CPU compiler hands some fusions to a kernel library, YNNPACK (`NO_LIBRARY_FUSIONS`
+   turns them off for one executable; `library_reductions` reads them from the HLO text).
+4. jax's batching rules for elementwise primitives are internal (`elementwise_batchers`):
+   without them, `_jaxpr_eval` maps every equation with `jax.vmap`.
+5. The primitive of a jitted call is named "jit" (`CALLS`; "pjit" before jax 0.7, below the
+   floor).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+__all__ = [
+    "CALLS",
+    "JAX_FLOOR",
+    "LAPACK_PRIMITIVES",
+    "LIBRARY_FUSION_MARK",
+    "NO_LIBRARY_FUSIONS",
+    "elementwise_batchers",
+    "jaxlib_version",
+    "lapack_may_deadlock",
+    "library_reductions",
+    "unserializable_after_run",
+]
+
+#: The oldest jax that the package supports: the oldest that CI tests.
+JAX_FLOOR = (0, 10)
+
+
+def _release(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "0.10.2" or "0.12.0.1"."""
+    parts = []
+    for part in text.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return parts[0], parts[1] if len(parts) > 1 else 0
+
+
+def jaxlib_version() -> tuple[int, int]:
+    """This process's jaxlib, as (major, minor)."""
+    import jaxlib
+
+    return _release(str(getattr(jaxlib, "__version__", "0")))
+
+
+# 1. A deadlock of jaxlib 0.10's CPU client (docs/strategies.md, "A deadlock of jaxlib 0.10 on
+#    few CPU devices"): seen on jaxlib 0.10.2, not on 0.11 or 0.12. Python 3.11 gets at most
+#    jaxlib 0.10.
+
+#: The first jaxlib in which all the CPU devices of a process may run LAPACK kernels at once.
+LAPACK_DEADLOCK_FIXED_IN = (0, 11)
+#: Primitives that run as batched LAPACK kernels on a CPU: Cholesky and LU deadlocked; eigh
+#: and SVD take the same route and are included untested.
+LAPACK_PRIMITIVES = frozenset({"cholesky", "lu", "eigh", "svd"})
+
+
+def lapack_may_deadlock() -> bool:
+    """Whether this jaxlib can deadlock when every CPU device runs LAPACK kernels at once."""
+    return jaxlib_version() < LAPACK_DEADLOCK_FIXED_IN
+
+
+# 2. XLA's CPU sort picks its comparator when it first runs, and an executable that has sorted
+#    then fails to serialize ("`LessThan` is not serializable"): seen on jaxlib 0.10.2 and 0.12,
+#    fixed in none that CI tests (docs/strategies.md, "`auto` keeps its own executables").
+
+#: The first jaxlib whose CPU sort serializes after it ran; None: none that CI tests.
+SORT_SERIALIZES_AFTER_RUN_IN: tuple[int, int] | None = None
+
+
+def unserializable_after_run(platform: str) -> frozenset[str]:
+    """Primitives whose compiled code on `platform` can be serialized only before its first
+    run (for the on-disk store, or to move it to another device)."""
+    fixed = SORT_SERIALIZES_AFTER_RUN_IN
+    if platform != "cpu" or (fixed is not None and jaxlib_version() >= fixed):
+        return frozenset()
+    return frozenset({"sort"})
+
+
+# 3. XLA's CPU library fusions (YNNPACK: `__ynn_fusion` in the compiled HLO). The compiler
+#    option and the HLO text below are those of jaxlib 0.10.2 and 0.12. A jaxlib that drops the
+#    experimental option rejects it when compiling ("No such compile option", a
+#    `JaxRuntimeError`), which the tuner and the tuning cache read as "no trial"
+#    (`_library_fusions`); one that renames the mark shows no library fusion (no trial).
+
+#: Compiler options that turn every library fusion off, for one executable.
+NO_LIBRARY_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+#: What marks a library fusion in the compiled HLO's text.
+LIBRARY_FUSION_MARK = "__ynn_fusion"
+
+_SHAPE = re.compile(r"%([\w.-]+) = \w+\[([\d,]*)\]")
+_PARAM = re.compile(r"([\w.-]+): \w+\[([\d,]*)\]")
+_REDUCE = re.compile(r"reduce\(%([\w.-]+),.*?dimensions=\{([\d,]*)\}")
+
+
+def library_reductions(hlo_text: str) -> list[int]:
+    """The elements summed into each result of every reduction that XLA handed to a kernel
+    library, read from a compiled program's HLO text: the reduced dimensions of the
+    reduction's operand, inside each computation that a `LIBRARY_FUSION_MARK` fusion calls."""
+    called = set(re.findall(r"calls=%([\w.-]+)[^\n]*" + LIBRARY_FUSION_MARK, hlo_text))
+    extents = []
+    for block in hlo_text.split("\n\n"):
+        head = block.lstrip().split(" ", 1)[0]
+        if not head.startswith("%") or head[1:] not in called:
+            continue
+        dims = {name: shape for name, shape in _PARAM.findall(block.split("\n", 1)[0])}
+        dims.update(_SHAPE.findall(block))
+        for operand, reduced in _REDUCE.findall(block):
+            shape = [int(d) for d in dims.get(operand, "").split(",") if d]
+            axes = [int(a) for a in reduced.split(",") if a]
+            if shape and all(a < len(shape) for a in axes):
+                extents.append(math.prod(shape[a] for a in axes))
+    return extents
+
+
+# 4. jax's batching rules for elementwise primitives: `vectorized_batcher` (unary, every
+#    operand batched), `broadcast_batcher` (n-ary with broadcasting) and the table of rules,
+#    in `jax._src.interpreters.batching` on jax 0.10 and 0.12. No public API tells which rule a
+#    primitive has; a jax that moves them loses only the cheaper tracing (the test of each CI
+#    stack asserts that they are found).
+
+
+def elementwise_batchers() -> tuple[Any, Any, dict]:
+    """(unary rule, broadcasting rule, rules by primitive), or (None, None, {}) where this
+    jax does not have them where jax 0.10-0.12 keep them."""
+    try:
+        from jax._src.interpreters import batching
+
+        return (
+            batching.vectorized_batcher,
+            batching.broadcast_batcher,
+            batching.fancy_primitive_batchers,
+        )
+    except (ImportError, AttributeError):
+        return None, None, {}
+
+
+# 5. Primitives that call a closed jaxpr (param "jaxpr") and mean nothing more than that call:
+#    jitted functions, "jit" since jax 0.7 (the floor is above the "pjit" of older jax).
+CALLS = frozenset({"jit"})

@@ -1,0 +1,239 @@
+"""Every heuristic of the planner and the executor, named once: `PlannerConfig`.
+
+Each field says what it decides, why it has its value, and where the evidence is (a heading of
+docs/strategies.md). The planner, the tuner and the executor read the one configuration in
+force (`current`); tests and benchmarks run under another with `configured`, instead of
+reassigning module globals. Nothing here reads the machine at import: the CPU cache size
+behind `target_chunk_bytes` is read the first time a chunk is sized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["PlannerConfig", "configured", "current", "l2_cache_bytes"]
+
+_DOCS = "docs/strategies.md"
+MiB = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerConfig:
+    """The planner's and the executor's heuristics (each with its reason and evidence).
+
+    Loop-free or chunked:
+
+    Attributes:
+        vmap_temp_bytes: the loop-free vmap runs when its compiled temporaries (on a CPU,
+            those of all its devices: they share one memory) stay under this; below it a
+            loop's extra compiles and per-chunk costs outweigh what the temporaries cost in
+            memory traffic, far above it they go to DRAM and cost more than any loop
+            (`#vmap-temp-bytes`).
+        comfort_fraction: ...and when its compiled peak is at most this fraction of the
+            budget, leaving room for whatever else the process allocates meanwhile
+            (`#comfort-fraction`).
+        vmap_bound_slack: the vmap candidate is compiled only when the jaxpr's bound on its
+            temporaries is at most this many times `vmap_temp_bytes` (XLA fuses gathers and
+            transposes that the bound counts) (`#vmap-bound-slack`).
+        vmap_bound_per_output: ...and, above `vmap_temp_bytes`, at most this many times the
+            outputs: temporaries that large beside small outputs are reduced into them and
+            stay in memory (big_data), while fusion writes temporaries no larger than the
+            outputs straight into them (wide, big_det) (`#vmap-bound-per-output`).
+
+    The chunk size:
+        target_chunk_bytes: one chunk's working set on a CPU; None: `target_chunk_per_l2`
+            times the L2 cache of a core, and at least `target_chunk_min_bytes`. Smaller
+            chunks lose to XLA's per-kernel dispatch on every chunk, larger ones to cache
+            misses (`#target-chunk-bytes`).
+        target_chunk_per_l2: a chunk's working set in L2 caches of a core: past it the time
+            per draw climbs as the working set leaves the caches (`#target-chunk-per-l2`).
+        target_chunk_min_bytes: the least working set aimed for, where the L2 is small:
+            smaller chunks lose to XLA's per-kernel dispatch on every chunk (the sweep on
+            machines with 1 and 2 MiB of L2) (`#target-chunk-min-bytes`).
+        round_down_within: the rule's size goes down to a divisor of the draws within this
+            fraction below it, rather than up past the target (`#round-down-within`).
+        overhead_bytes_per_buffer: a loop's cost per chunk, per buffer it slices or
+            updates, in bytes of work that take as long: a chunk does at least that much
+            work per buffer (`#overhead-bytes-per-buffer`).
+        jump_factor: a compiled chunk whose temporaries exceed this many times the expected
+            (plus `jump_slack_bytes`) is a "jump": XLA changed its layout or fusion at that
+            size, and a smaller chunk is tried (`#jump-factor`).
+        jump_slack_bytes: temporaries this far over `jump_factor` times the expected are
+            still no jump: small chunks' fixed buffers are not a layout change
+            (`#jump-slack-bytes`).
+        refine_ratio: on a CPU the size is computed again from the first chunk's compiled
+            temporaries, and compiled again only if that moves it this many times or more:
+            within it, a second compile costs more than the better size saves
+            (`#refine-ratio`).
+        accelerator_room_fraction: an accelerator's chunk takes this fraction of the memory
+            left after the outputs; the rest leaves room for XLA's GPU autotuner, which
+            allocates while compiling (`#accelerator-room-fraction`).
+
+    The loop:
+        host_loop_many_buffers: a model whose loop slices or updates more buffers than this
+            runs a host-driven loop: XLA's loops over many buffers compile for minutes
+            (`#host-loop-many-buffers`).
+        host_loop_max_chunks: a host-driven loop runs at most this many chunks (each call
+            costs a dispatch that grows with the buffers) (`#host-loop-max-chunks`).
+        first_segment_fraction: with a progress bar or while tuning, an XLA loop runs in
+            host-dispatched segments; the first runs this fraction of the draws, to time
+            them (`#first-segment-fraction`).
+        segment_seconds: ...and every later one about this many seconds' worth (tqdm
+            redraws every 0.1 s) (`#segment-seconds`).
+        host_zeros_max_bytes: a host-driven run on a CPU starts from zero outputs placed from
+            the host below this; larger ones are filled by a compiled program, which writes
+            faster per byte but costs a fixed compile (`#host-zeros-max-bytes`).
+        flatten_min_gathered_bytes: the "vmap" strategy runs over the flattened chain x draw
+            axis when the results of gathers and scatters of the draws' values come to at
+            least this much: under two batch dimensions XLA lays them out transposed and
+            copies them into the outputs (`#flatten-min-gathered-bytes`).
+        host_output_chunk_fraction: with outputs in host memory, an accelerator's chunk takes
+            this fraction of the device budget: two chunks in flight, one chunk's
+            temporaries, the autotuner (`#host-output-chunk-fraction`).
+
+    The online tuner:
+        tune_min_seconds: other chunk sizes are tried only when at least this much work is
+            left after the first chunks: below it, the compiles cannot pay for themselves
+            (`#tune-min-seconds`).
+        tune_chunks: each candidate size is timed over at least this many calls...
+            (`#tune-chunks`)
+        tune_window_seconds: ...and this many seconds, after one untimed warm-up call of
+            each: shorter windows are lost in the noise of a busy machine
+            (`#tune-window-seconds`).
+        tune_trust_fraction: a tuned run that took less than this fraction of
+            `tune_min_seconds` in all was projected long by first chunks that ran far slower
+            than the rest (a stall): what it measured is not kept (`#tune-trust-fraction`).
+        background_compiles: candidates compile on a second thread while the best size so
+            far goes on running (XLA compiles without the GIL); False compiles them on the
+            calling thread, so that the next chunk always has them (`#background-compiles`).
+
+    XLA's CPU library fusions (the trial, `_library_fusions`):
+        library_short_reduction: the chunk compiled without library fusions is tried where
+            one of them reduces at most this many elements into each result: shorter than
+            two AVX-512 vectors of float64 gains nothing from a vectorised kernel, and the
+            library writes out its operand (`#library-short-reduction`).
+        library_try_compiles: ...and where the work left after the first chunks would take
+            at least this many times the first compile (`#library-try-compiles`).
+        library_min_gain: the chunk without library fusions replaces the library's when it
+            runs at least this many times faster: a stall while the first was timed would
+            favour the second (the gains measured are 8-14x) (`#library-min-gain`).
+
+    Devices:
+        spread_platforms: platforms whose single-device draws are spread over the other
+            local devices. Not the CPU: XLA already runs one device's work on every core,
+            and splitting it over host devices measured slower (`#spread-platforms`).
+        spread_min_bytes: ...when the outputs and temporaries of the whole run come to at
+            least this much work (`#spread-min-bytes`).
+
+    Memory and the on-disk store:
+        trim_min_bytes: outputs of at least this many bytes that land in host memory are
+            written after the compiler's freed heap went back to the OS
+            (`#trim-min-bytes`).
+        store_max_bytes: the most bytes the executable store's folder holds; past it the
+            least recently used files go until it holds three quarters (`#store-max-bytes`).
+        store_max_constant_bytes: programs with more constant data than this are neither
+            stored nor kept to move: digesting and writing them would cost more than their
+            compile, and each candidate keeps a copy of its constants until then
+            (`#store-max-constant-bytes`).
+
+    Tracing:
+        eqns_per_run: the draws' tail mapped by `jax.vmap` costs about as much tracing as
+            binding this many elementwise equations directly saves (`#eqns-per-run`).
+    """
+
+    vmap_temp_bytes: int = 256 * MiB
+    comfort_fraction: float = 0.5
+    vmap_bound_slack: float = 4
+    vmap_bound_per_output: float = 4
+    target_chunk_bytes: int | None = None
+    target_chunk_per_l2: int = 2
+    target_chunk_min_bytes: int = 8 * MiB
+    round_down_within: float = 0.25
+    overhead_bytes_per_buffer: int = 64 * 2**10
+    jump_factor: float = 4
+    jump_slack_bytes: int = 16 * MiB
+    refine_ratio: float = 4
+    accelerator_room_fraction: float = 0.5
+    host_loop_many_buffers: int = 48
+    host_loop_max_chunks: int = 64
+    first_segment_fraction: float = 1 / 64
+    segment_seconds: float = 0.25
+    host_zeros_max_bytes: int = 48 * MiB
+    flatten_min_gathered_bytes: int = 8 * MiB
+    host_output_chunk_fraction: float = 0.25
+    tune_min_seconds: float = 3.0
+    tune_chunks: int = 2
+    tune_window_seconds: float = 0.05
+    tune_trust_fraction: float = 0.5
+    background_compiles: bool = True
+    library_short_reduction: int = 16
+    library_try_compiles: float = 2
+    library_min_gain: float = 1.25
+    spread_platforms: tuple[str, ...] = ("gpu", "cuda", "rocm", "tpu")
+    spread_min_bytes: int = 64 * MiB
+    trim_min_bytes: int = 32 * MiB
+    store_max_bytes: int = 256 * MiB
+    store_max_constant_bytes: int = 16 * MiB
+    eqns_per_run: int = 4
+
+    def chunk_target(self) -> int:
+        """One CPU chunk's working set in bytes (`target_chunk_bytes`, or from the L2)."""
+        if self.target_chunk_bytes is not None:
+            return self.target_chunk_bytes
+        return max(self.target_chunk_per_l2 * l2_cache_bytes(), self.target_chunk_min_bytes)
+
+    @property
+    def tune_segment_seconds(self) -> float:
+        """Seconds a timed segment should take while tuning: a window over its calls."""
+        return self.tune_window_seconds / self.tune_chunks
+
+    @staticmethod
+    def evidence(field: str) -> str:
+        """Where the evidence for `field` is: a heading of docs/strategies.md."""
+        return f"{_DOCS}#{field.replace('_', '-')}"
+
+
+@functools.cache
+def l2_cache_bytes() -> int:
+    """The CPU's L2 cache size per core, from sysfs (2 MiB where it cannot be read); read
+    once, the first time it is needed."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            text = f.read().strip().upper()
+        scale = {"K": 2**10, "M": MiB}.get(text[-1], 1)
+        return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return 2 * MiB
+
+
+_lock = threading.Lock()
+_current = PlannerConfig()
+
+
+def current() -> PlannerConfig:
+    """The configuration in force (the defaults, unless under `configured`)."""
+    return _current
+
+
+@contextlib.contextmanager
+def configured(config: PlannerConfig | None = None, **changes: Any) -> Iterator[PlannerConfig]:
+    """Run the body under `config` (default: the one in force), with `changes` to its fields.
+
+    The configuration is the process's, not the thread's: the tuner's compiles on a second
+    thread and the background writer read it too. Not for concurrent use with different
+    configurations.
+    """
+    global _current
+    new = dataclasses.replace(config or _current, **changes)
+    with _lock:
+        old, _current = _current, new
+    try:
+        yield new
+    finally:
+        with _lock:
+            _current = old

@@ -1,0 +1,343 @@
+"""What to compile for a plan: one small description per loop kind.
+
+A `Request` is what the planner asks for (strategy, loop, chunk size, donation, progress,
+where the outputs go, whether XLA's CPU library fusions stay on). `program_for` turns it into
+a `Program`: the function to compile, the specs of its arguments, how its outputs start (the
+fill), and how the compiled step is called (`Call`). It traces nothing and compiles nothing:
+`_executor.obtain` does that, and caches the result by `Request.key`.
+
+The loop kinds:
+
+- `Call.WHOLE`: every draw in one call, `step(*samples) -> outputs`: the loop-free vmap, a
+  fixed strategy's own structure, or one XLA loop over every chunk.
+- `Call.CHUNK`: one chunk per call, written into the outputs in place,
+  `step(outputs, samples, start) -> outputs` (`Loop.HOST`).
+- `Call.SEGMENT`: `count` chunks of an XLA loop per call, written in place,
+  `step(outputs, samples, start, count) -> outputs` (progress, or the tuner).
+- `Call.TO_HOST`: per device that holds draws, `step(samples, start) -> chunk outputs`,
+  each chunk landed in numpy arrays (`_host_output`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec
+
+from ._chunked import read_slice, shard_map_unchecked, write_slice
+from ._config import current
+from ._host_output import host_chunk_program
+from ._jaxpr_eval import draw_major_fun, vmap_draws
+from ._problem import Problem
+from ._progress import on_chunk
+from ._strategies import STRATEGY_TABLE, flat_vmap
+from ._types import Loop
+
+__all__ = ["Call", "Program", "Request", "flattens_vmap", "program_for"]
+
+
+class Call(enum.Enum):
+    """How a compiled step is called (module docstring); `Executable.run` adapts each to one
+    protocol."""
+
+    WHOLE = "whole"
+    CHUNK = "chunk"
+    SEGMENT = "segment"
+    TO_HOST = "to_host"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What the planner asks to be compiled.
+
+    Attributes:
+        strategy: a `STRATEGY_TABLE` name.
+        loop: how its chunks are driven.
+        chunk_size: draws per chunk (per shard), or None.
+        donate: the input indices handed to XLA.
+        progress: whether it reports progress.
+        output_memory: "device", or "host" (chunks landed in numpy arrays; nothing donated).
+        segmented: an XLA loop in host-dispatched segments even without progress (the
+            tuner switches chunk sizes between segments).
+        library_fusions: whether XLA's CPU library fusions stay on (the default); False
+            compiles with `_compat.NO_LIBRARY_FUSIONS` (an XLA loop on a CPU only).
+    """
+
+    strategy: str
+    loop: Loop
+    chunk_size: int | None
+    donate: tuple[int, ...] = ()
+    progress: bool = False
+    output_memory: str = "device"
+    segmented: bool = False
+    library_fusions: bool = True
+
+    @property
+    def segments(self) -> bool:
+        """An XLA loop run in host-dispatched segments (progress, or the tuner)."""
+        return self.loop is Loop.XLA and (self.progress or self.segmented)
+
+    def key(self, problem: Problem) -> tuple:
+        """What names the program for `problem`: the in-memory cache's key, and the text the
+        on-disk store names it by (`"|".join(map(str, key[1:]))`)."""
+        key: tuple = (problem, self.strategy, self.loop, self.chunk_size, self.donate)
+        key += (self.progress, self.output_memory, self.segments)
+        if not self.library_fusions:  # a new key only where it differs: the default's stay
+            key += ("no library fusions",)
+        return key
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """What to compile for one request (module docstring).
+
+    Attributes:
+        problem: what it computes.
+        request: what the planner asked for.
+        call: how the compiled step is called.
+        step: the jitted step to lower (None for `Call.TO_HOST`).
+        args: the specs `step` is lowered with.
+        fill: for `CHUNK` and `SEGMENT`, a jitted `() -> zero outputs`, compiled beside the
+            step; or None, and then...
+        zeros: ...`() -> zero outputs` placed from the host (`_host_zeros`).
+        host_steps: for `TO_HOST`, `(device, jitted step, args)` per device that holds draws.
+    """
+
+    problem: Problem
+    request: Request
+    call: Call
+    step: Any = None
+    args: tuple[Any, ...] = ()
+    fill: Any = None
+    zeros: Callable[[], list] | None = None
+    host_steps: tuple[tuple[Any, Any, tuple[Any, ...]], ...] = ()
+
+
+def flattens_vmap(problem: Problem) -> bool:
+    """Whether the "vmap" strategy runs over the flattened chain x draw axis for `problem`
+    (`PlannerConfig.flatten_min_gathered_bytes`)."""
+    gathered = problem.memory_sharing * problem.n_local * problem.gathered_bytes
+    return gathered >= current().flatten_min_gathered_bytes
+
+
+def program_for(jax_fn: Callable, problem: Problem, request: Request) -> Program:
+    """The program that `request` asks for `problem`; nothing is traced or compiled.
+
+    Raises:
+        ValueError: library fusions turned off for anything but an XLA loop on a CPU.
+    """
+    if not request.library_fusions and (
+        request.loop is not Loop.XLA or problem.device.platform != "cpu"
+    ):
+        raise ValueError("Only an XLA loop on a CPU compiles without library fusions.")
+    per_draw = _per_draw(jax_fn, problem)
+    if request.output_memory == "host":
+        return _to_host(per_draw, problem, request)
+    if request.loop is Loop.HOST or request.segments:
+        return _stepped(per_draw, problem, request)
+    return _whole(per_draw, problem, request)
+
+
+def _per_draw(jax_fn: Callable, problem: Problem) -> Callable:
+    """The computed outputs of one draw. From the jaxpr that `analyse` traced, where there is
+    one: evaluating it skips a second trace of `jax_fn`, and computes data-times-draw products
+    draw-major (`_jaxpr_eval`)."""
+    if problem.jaxpr is not None:
+        return draw_major_fun(problem.jaxpr, problem.computed)
+    computed = problem.computed
+
+    def per_draw(*values):
+        outs = jax_fn(*values)
+        return [outs[j] for j in computed]
+
+    return per_draw
+
+
+def _sample_specs(problem: Problem) -> list[jax.ShapeDtypeStruct]:
+    sharding = problem.placement.sharding
+    return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
+
+
+def _whole(per_draw: Callable, problem: Problem, request: Request) -> Program:
+    """Every draw in one call: a strategy of `STRATEGY_TABLE` over the samples."""
+    strategy, sharding = request.strategy, problem.placement.sharding
+    flat = strategy == "vmap" and flattens_vmap(problem)
+    whole_chains = problem.placement.spec[1] is None
+    strategy_fn = flat_vmap if flat else STRATEGY_TABLE[strategy]
+    callback = None
+    if request.progress:
+        callback = on_chunk if problem.n_shards == 1 else _scaled_progress(problem.n_shards)
+
+    def run(*samples):
+        return strategy_fn(per_draw, list(samples), request.chunk_size, callback)
+
+    specs = _sample_specs(problem)
+    donate = request.donate
+    if strategy == "vmap" and problem.n_shards > 1 and (not flat or whole_chains):
+        # No loop and no draw sees another: XLA's partitioner keeps the draws' split on its
+        # own (the outputs are pinned to it), and compiles this faster than shard_map does
+        # (docs/strategies.md). Flattened chains x draws stay in contiguous blocks only when
+        # each device holds whole chains.
+        jitted = jax.jit(run, donate_argnums=donate, out_shardings=sharding)
+    else:
+        jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)
+    return Program(problem, request, Call.WHOLE, jitted, tuple(specs))
+
+
+def _stepped(per_draw: Callable, problem: Problem, request: Request) -> Program:
+    """A step that the host calls, updating donated outputs in place: one chunk per call
+    (`Loop.HOST`), or segments of an XLA loop. Its outputs start as zeros: placed from the
+    host on a CPU below `host_zeros_max_bytes` (nothing to compile), else filled by a
+    compiled program."""
+    size, n_local = request.chunk_size, problem.n_local
+    assert size is not None, "a loop needs a chunk size"
+    out_specs = [
+        jax.ShapeDtypeStruct(problem.out_specs[j].shape, problem.out_specs[j].dtype)
+        for j in problem.computed
+    ]
+    index = jax.ShapeDtypeStruct((), np.int32)
+    specs = _sample_specs(problem)
+    if request.segments:
+        step, call = _segment_step(per_draw, n_local, size), Call.SEGMENT
+        args: tuple = (out_specs, specs, index, index)
+    else:
+        step, call = _chunk_step(per_draw, n_local, size), Call.CHUNK
+        args = (out_specs, specs, index)
+    jitted = jax.jit(_per_shard(step, problem, n_mapped=2), donate_argnums=0)
+    sharding = problem.placement.sharding
+    on_cpu = problem.device.platform == "cpu"
+    if on_cpu and problem.output_bytes < current().host_zeros_max_bytes:
+        return Program(problem, request, call, jitted, args, zeros=_host_zeros(out_specs, sharding))
+    fill = jax.jit(
+        lambda: [jnp.zeros(s.shape, s.dtype) for s in out_specs],
+        out_shardings=[sharding] * len(out_specs),
+    )
+    return Program(problem, request, call, jitted, args, fill=fill)
+
+
+def _to_host(per_draw: Callable, problem: Problem, request: Request) -> Program:
+    """One chunk step per device that holds draws (one device, or each chain shard), whose
+    chunks are landed in host memory."""
+    assert request.chunk_size is not None, "host outputs stream chunks"
+    chains, draws = problem.local_shape
+    local = [
+        jax.ShapeDtypeStruct((chains, draws) + tuple(s.shape[2:]), s.dtype)
+        for s in problem.in_specs
+    ]
+    devices = problem.placement.local_devices if problem.n_shards > 1 else [problem.device]
+    steps = tuple(
+        (device, *host_chunk_program(per_draw, local, request.chunk_size, device))
+        for device in devices
+    )
+    return Program(problem, request, Call.TO_HOST, host_steps=steps)
+
+
+def _host_zeros(out_specs: Sequence[jax.ShapeDtypeStruct], sharding) -> Callable[[], list]:
+    """Zero outputs for a host-driven run on a CPU, placed from a broadcast numpy zero.
+
+    For outputs under `host_zeros_max_bytes`: nothing compiles (a compiled fill costs XLA's
+    fixed 50-75 ms on 2 cores), while the copy costs more per byte than the compiled fill
+    (docs/strategies.md). The placed buffers are XLA's own, so the step may take them by
+    donation.
+    """
+
+    def zeros(spec: jax.ShapeDtypeStruct) -> jax.Array:
+        zero = np.zeros((), spec.dtype)
+
+        def shard(index: tuple[slice, ...] | None) -> np.ndarray:
+            shape = [len(range(*k.indices(n))) for k, n in zip(index or (), spec.shape)]
+            return np.broadcast_to(zero, (*shape, *spec.shape[len(shape) :]))
+
+        # Only this process's shards: under `jax.distributed`, `device_put` of one host array
+        # would first check, by a collective, that every process passed the same value.
+        return jax.make_array_from_callback(spec.shape, sharding, shard)
+
+    def init() -> list[jax.Array]:
+        return [zeros(s) for s in out_specs]
+
+    return init
+
+
+def _scaled_progress(n_shards: int) -> Callable:
+    """Per-shard progress callbacks, counted for all shards (they advance together)."""
+
+    def callback(items_done, n_items):
+        on_chunk(np.asarray(items_done) * n_shards, n_items * n_shards)
+
+    return callback
+
+
+P0 = PartitionSpec()
+
+
+def _per_shard(fn: Callable, problem: Problem, n_mapped: int) -> Callable:
+    """`fn` run on each shard's local arrays with `jax.shard_map`, or `fn` on one device.
+
+    The first `n_mapped` arguments (lists of arrays) are split like the draws; the rest (chunk
+    indices) are the same on every shard. Nothing is gathered: outputs keep the draws' split.
+    """
+    placement = problem.placement
+    if placement.mesh is None:
+        return fn
+    spec = PartitionSpec(*placement.spec)
+
+    def specs_of(args):
+        return tuple(
+            jax.tree.map(lambda _: spec, a) if i < n_mapped else jax.tree.map(lambda _: P0, a)
+            for i, a in enumerate(args)
+        )
+
+    def sharded(*args):
+        # Every output is split like the draws: `spec` is a prefix of the whole output tree
+        # (no second trace of `fn` to learn its structure).
+        mapped = shard_map_unchecked(fn, placement.mesh, specs_of(args), spec)
+        return mapped(*args)
+
+    return sharded
+
+
+def _flat(xs, n: int):
+    return [x.reshape((n,) + x.shape[2:]) for x in xs]  # free: a bitcast
+
+
+def _chunk_step(per_draw: Callable, n: int, size: int) -> Callable:
+    """One chunk of `size` draws at item `start` (clamped so it fits): evaluate it and write it
+    into the donated outputs, in place. Straight-line code: it compiles like the loop-free
+    vmap, where XLA's loops over many buffers compile for minutes (docs/strategies.md)."""
+
+    def step(outs, samples, start):
+        flat, flat_outs = _flat(samples, n), _flat(outs, n)
+        start = jnp.minimum(start, n - size)
+        ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
+        flat_outs = [write_slice(o, y, start, 0) for o, y in zip(flat_outs, ys)]
+        return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
+
+    return step
+
+
+def _segment_step(per_draw: Callable, n: int, size: int) -> Callable:
+    """`count` chunks of the "chunked" XLA loop from item `start` on (each start clamped so
+    the chunk fits: the last overlaps the one before), written into the donated outputs.
+    Segments of different chunk sizes tile the draws one after the other."""
+
+    def chunk(flat, outs, start):
+        ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
+        return [write_slice(o, y, start, 0) for o, y in zip(outs, ys)]
+
+    def step(outs, samples, start, count):
+        flat = _flat(samples, n)
+
+        def body(i, outs):
+            return chunk(flat, outs, jnp.minimum(start + i * size, n - size))
+
+        flat_outs = lax.fori_loop(0, count, body, _flat(outs, n))
+        return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
+
+    return step

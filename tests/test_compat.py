@@ -1,0 +1,113 @@
+"""`_compat`: each version workaround, on the path that this CI stack runs.
+
+CI runs jax/jaxlib 0.10.2 (Python 3.11) and 0.12 (Python 3.12). Each test asserts what the
+workaround assumes of the installed jax, so that a jax that fixes or changes it fails here
+instead of leaving a stale workaround behind.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pymc_chunkpost import _compat, _executable_store, _planner, _postprocess
+from pymc_chunkpost._jaxpr_eval import draw_major_fun
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_floor_is_the_oldest_jax_ci_tests():
+    """pyproject.toml's `jax>=` is `_compat.JAX_FLOOR`, and this jax is at least that."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (jax_requirement,) = [d for d in dependencies["dependencies"] if re.match(r"jax\b", d)]
+    floor = tuple(int(p) for p in jax_requirement.split(">=")[1].split("."))
+    assert floor == _compat.JAX_FLOOR
+    assert _compat._release(jax.__version__) >= _compat.JAX_FLOOR
+    assert _compat._release("0.12.0.1") == (0, 12) and _compat._release("0.10.2") == (0, 10)
+
+
+def test_lapack_shards_run_one_after_another_only_on_a_jaxlib_that_deadlocks(monkeypatch):
+    """jaxlib 0.10 (Python 3.11's): a Cholesky per draw, split over 4 of 4 CPU devices, runs
+    shard by shard; jaxlib 0.11 and later run the shards together."""
+    assert _compat.lapack_may_deadlock() is (_compat.jaxlib_version() < (0, 11))
+    monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 4)
+
+    def per_draw(a):
+        return [jnp.linalg.cholesky(a @ a.T + 3.0 * jnp.eye(3))]
+
+    mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("chain",))
+    draws = jax.device_put(np.ones((4, 2, 3, 3)), NamedSharding(mesh, PartitionSpec("chain")))
+    problem, _ = _postprocess._validate(per_draw, [draws], None)
+    reason = _planner.serial_shards(problem)
+    assert (reason is not None) is _compat.lapack_may_deadlock(), reason
+
+
+def test_a_sort_serializes_only_before_it_runs_where_compat_says_so():
+    """XLA's CPU sort: serializable once compiled, not once it has run (jaxlib 0.10.2 and 0.12).
+    A jaxlib that fixes it fails here: set `SORT_SERIALIZES_AFTER_RUN_IN`."""
+    assert _compat.unserializable_after_run("gpu") == frozenset()
+    compiled = jax.jit(jnp.sort).lower(jnp.ones(5)).compile()
+    assert _executable_store.portable(compiled) is not None  # before its first run
+    compiled(jnp.arange(5.0)[::-1])
+    after = _executable_store.portable(compiled)
+    assert (after is None) is ("sort" in _compat.unserializable_after_run("cpu"))
+
+
+def _row_slopes_loop():
+    """A chunk loop over a row-indexed sum of 3 slopes per row: XLA's CPU compiler gives the
+    sum to its kernel library (jaxlib 0.10.2 and 0.12)."""
+    rows = jnp.asarray(np.random.default_rng(0).integers(0, 20, 500), jnp.int32)
+    x = jnp.ones((500, 3))
+
+    def loop(slopes):
+        return lax.map(lambda b: (b[rows] * x).sum(-1), slopes, batch_size=8)
+
+    return jax.jit(loop).lower(jnp.ones((64, 20, 3)))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA's CPU compiler")
+def test_library_fusions_are_read_from_the_hlo_and_turned_off_by_the_option():
+    lowered = _row_slopes_loop()
+    text = lowered.compile().as_text()
+    assert _compat.LIBRARY_FUSION_MARK in text
+    assert _compat.library_reductions(text) == [3]
+    without = lowered.compile(compiler_options=_compat.NO_LIBRARY_FUSIONS).as_text()
+    assert _compat.LIBRARY_FUSION_MARK not in without
+    assert _compat.library_reductions(without) == []
+
+
+def test_batching_rules_are_found_and_their_absence_maps_with_vmap(monkeypatch):
+    """jax 0.10 and 0.12 keep the elementwise batching rules where `_compat` reads them; a jax
+    without them maps every equation with `jax.vmap`, to the same values."""
+    from pymc_chunkpost import _jaxpr_eval
+
+    vectorized, broadcast, rules = _compat.elementwise_batchers()
+    assert vectorized is not None and broadcast is not None and rules
+
+    def scalars(*xs):
+        return [jnp.exp(x) + 1.0 for x in xs] + [sum(xs)]
+
+    specs = [jax.ShapeDtypeStruct((), np.float64)] * 8
+    closed = jax.make_jaxpr(scalars)(*specs)
+    draws = [jnp.linspace(0.0, 1.0, 6).reshape(2, 3) + k for k in range(8)]
+    scheduled = draw_major_fun(closed)
+    assert scheduled.schedule.elementwise > 0 and not scheduled.schedule.tail
+    expected = jax.jit(scheduled.over_draws(2))(*draws)
+    monkeypatch.setattr(_jaxpr_eval, "_RULES", {})
+    plain = draw_major_fun(closed)
+    assert plain.schedule.elementwise == 0 and plain.schedule.tail
+    for got, want in zip(jax.jit(plain.over_draws(2))(*draws), expected, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-15)
+
+
+def test_a_jitted_call_is_named_as_compat_says():
+    closed = jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x))(1.0)
+    assert closed.jaxpr.eqns[0].primitive.name in _compat.CALLS
