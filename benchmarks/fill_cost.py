@@ -6,9 +6,9 @@
 A host-driven run (segments, the tuner) updates zero outputs in place. `_program` places
 small ones from the host (`_host_zeros`: nothing compiles) and fills large ones with a
 compiled program (`PlannerConfig.host_zeros_max_bytes`). Each case runs in a fresh process,
-round-robin, so that every write touches fresh pages, as a cold run's do: `host` is `_host_zeros`, `fill`
-is the compile of a jitted `jnp.zeros` plus its run. The outputs are two float64 arrays of
-shape (4, 1000, k): one of the given size, and one small.
+round-robin, so that every write touches fresh pages, as a cold run's do: `host` is
+`_host_zeros`, `fill` is the compile of a jitted `jnp.zeros` plus its run. The outputs are
+two float64 arrays of shape (4, 1000, k): one of the given size, and one small.
 """
 
 from __future__ import annotations
