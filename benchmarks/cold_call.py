@@ -30,7 +30,7 @@ jax.config.update("jax_enable_x64", True)
 from jax._src import compiler
 from jax._src.interpreters import mlir
 from pymc.sampling.jax import _postprocess_samples
-from pymc_chunkpost import _disk, _executable_store, _planner, _postprocess, _problem, _tuning
+from pymc_chunkpost import _disk, _executable_store, _postprocess, _problem, _resources, _tuning
 from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn
 spec = FIXTURES[model]
 built = spec.build()
@@ -53,7 +53,7 @@ timed(compiler, "backend_compile_and_load", "xla_compile")
 timed(mlir, "lower_jaxpr_to_module", "mlir_lower")
 timed(_problem, "_trace", "analysis_trace")
 timed(_postprocess, "_validate", "validate")
-timed(_planner, "resolve_budget", "budget")
+timed(_resources, "resolve_budget", "budget")
 timed(_postprocess, "execute", "execute")
 for name in ("slot_for", "load", "start_worker", "save_later"):
     timed(_executable_store, name, "store." + name)

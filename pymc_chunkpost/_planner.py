@@ -2,9 +2,9 @@
 run): policy only.
 
 The planner decides, from evidence, what to run; `_executor` runs it. Every decision about a
-call lives here: the budget, the devices, the loop kind, the chunk size, and what to try
-after running out of memory. Its heuristics are `PlannerConfig`'s (`_config`), each with its
-evidence in docs/strategies.md.
+call lives here (the loop kind, the chunk size, what to try after running out of memory) or,
+for the devices, the budget and where the outputs go, in `_resources`. Its heuristics are
+`PlannerConfig`'s (`_config`), each with its evidence in docs/strategies.md.
 
 Evidence, in the order it is used:
 
@@ -29,38 +29,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import Mesh
 
-from . import _compat, _executor, _tuning
+from . import _executor, _tuning
 from ._chunked import resolve_chunk_size
 from ._config import current
 from ._executor import CompileOutOfMemory, Executable, distrust_foreign, persist, release
-from ._host_output import host_memory_kind
-from ._memory import free_bytes, host_free_bytes
-from ._problem import Placement, Problem, cpu_cores, is_out_of_memory, uses_primitives
+from ._memory import free_bytes
+from ._messages import budget_text, mib, warn
+from ._problem import Problem, cpu_cores, is_out_of_memory
 from ._program import Request
+from ._resources import check_budget, output_memory_for
 from ._tuner import CompileCandidate, Tuner
 from ._types import Loop, Origin, Plan
 
-__all__ = [
-    "Attempt",
-    "finished",
-    "first_attempt",
-    "next_attempt",
-    "output_memory_for",
-    "resolve_budget",
-    "retries",
-    "serial_shards",
-    "spread",
-]
+__all__ = ["Attempt", "finished", "first_attempt", "next_attempt", "retries"]
 
 
 @dataclasses.dataclass
@@ -70,191 +57,6 @@ class Attempt:
     plan: Plan
     exe: Executable
     tuner: Tuner | None = None
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
-def _budget_text(budget: int | None) -> str:
-    return "no known memory limit" if budget is None else f"the budget of {_mib(budget)}"
-
-
-def check_budget(problem: Problem, budget: int | None) -> None:
-    """Raise `MemoryError` if `budget` cannot even hold the outputs (None: no known limit)."""
-    per_device = problem.output_bytes // problem.n_shards
-    if budget is not None and per_device > budget:
-        raise MemoryError(
-            f"Post-processing needs at least {_mib(per_device)} per device for its outputs "
-            f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
-            f"{_mib(budget)}. Free memory, raise `memory_budget`, post-process fewer variables "
-            "(`var_names`), or thin the draws. Nothing was run; the draws are untouched."
-        )
-
-
-def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
-    """The budget per device in bytes: `memory_budget`, or the free memory if None.
-
-    On a CPU every device shares one RAM, so it is counted once and split over the shards.
-    None when the device cannot say what it has free (an accelerator whose allocator keeps
-    no statistics, as with `XLA_PYTHON_CLIENT_ALLOCATOR=platform`): the plan then has no
-    limit, and the out-of-memory retry is what keeps the draws safe. A warning says so.
-    """
-    shards = problem.n_local_shards
-    if memory_budget is not None:
-        return int(memory_budget) // shards
-    placement, cpu = problem.placement, problem.device.platform == "cpu"
-    devices = [problem.device] if placement.mesh is None or cpu else placement.local_devices
-    frees = [free_bytes(d) for d in devices]
-    if any(free is None for free in frees):
-        warn(
-            f"{problem.device} reports no memory statistics (as with "
-            "`XLA_PYTHON_CLIENT_ALLOCATOR=platform`), so its free memory is unknown: planning "
-            "without a memory limit, with the out-of-memory retry as the safety net. Pass "
-            "`memory_budget` (bytes) to plan under a limit."
-        )
-        return None
-    free = min(f for f in frees if f is not None)
-    return free // shards if cpu else free
-
-
-def _user_stacklevel() -> int:
-    """The `stacklevel`, for a `warnings.warn` made by the caller of this function, that
-    points at the first frame outside this package and pymc (the user's own call)."""
-    frame: Any = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(
-        ("pymc_chunkpost", "pymc.", "pytensor", "contextlib")
-    ):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def warn(message: str) -> None:
-    """A `RuntimeWarning` pointed at the user's own call."""
-    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
-
-
-def serial_shards(problem: Problem) -> str | None:
-    """Why the shards of `problem` must run one after another, each as a one-device run, or
-    None when they run together.
-
-    Only for the jaxlib deadlock of `_compat.lapack_may_deadlock`, whatever the strategy:
-    draws split over CPU devices, a per-draw function that calls a LAPACK kernel, and fewer
-    than twice as many CPU devices in the process as shards (4 of 8 ran). The cost: the
-    shards' runs add up instead of overlapping (they compile once in all: `_executor`
-    moves one shard's executable to the others).
-    """
-    if problem.n_local_shards < 2 or problem.device.platform != "cpu":
-        return None
-    if not _compat.lapack_may_deadlock() or problem.jaxpr is None:
-        return None
-    cpu_devices = _cpu_device_count()
-    if cpu_devices >= 2 * problem.n_local_shards:
-        return None
-    if not uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES):
-        return None
-    import jaxlib
-
-    return (
-        f"{problem.n_local_shards} devices, one shard after another: jaxlib "
-        f"{jaxlib.__version__} can deadlock when {problem.n_local_shards} of {cpu_devices} CPU "
-        "devices run LAPACK kernels at once"
-    )
-
-
-def _cpu_device_count() -> int:
-    return len(jax.local_devices(backend="cpu"))
-
-
-def _local_devices(platform: str) -> list[jax.Device]:
-    """This process's devices of `platform`."""
-    return [d for d in jax.local_devices() if d.platform == platform]
-
-
-def spread(problem: Problem) -> Problem:
-    """The problem on the devices it should run on.
-
-    Draws already split over several devices stay there. Draws on one device of a platform
-    in `spread_platforms` (accelerators) are spread over the local devices of that platform
-    when the run is large enough to repay it (`spread_min_bytes`), along the chain axis (or
-    else the draw axis) when the device count divides it: no padded copy.
-    """
-    config = current()
-    placement = problem.placement
-    device = placement.device
-    if placement.mesh is not None or device.platform not in config.spread_platforms:
-        return problem
-    local = _local_devices(device.platform)
-    work = problem.output_bytes + problem.n_items * problem.intermediate_bytes
-    if len(local) < 2 or work < config.spread_min_bytes:
-        return problem
-    for axis, length in ((0, problem.chains), (1, problem.draws)):
-        for d in range(len(local), 1, -1):
-            if length % d == 0:
-                devices = [device] + [x for x in local if x != device][: d - 1]
-                mesh = Mesh(np.array(devices), ("spread",))
-                spec = ("spread", None) if axis == 0 else (None, "spread")
-                reason = (
-                    f"spread over {d} {device.platform} devices on the "
-                    f"{'chain' if axis == 0 else 'draw'} axis: {_mib(work)} of work"
-                )
-                return problem.with_placement(Placement(device, mesh, spec, reason))
-    return problem
-
-
-def output_memory_for(problem: Problem, request: str, budget: int | None) -> tuple[str, str]:
-    """Where the outputs go, "device" or "host", and why: the one place this is decided.
-
-    "auto" keeps them on the device when they fit its budget with room for one draw's work;
-    otherwise, on an accelerator with a host memory kind, they land in host memory chunk by
-    chunk. It never chooses "host" on a CPU, where both are the same RAM.
-
-    Raises:
-        ValueError: "host" asked of draws split over several devices, or of an accelerator
-            without host memory; nothing has run.
-        MemoryError: the outputs fit neither the device budget nor host memory; the message
-            says what is needed on each side. Nothing has run.
-    """
-    per_device = problem.output_bytes // problem.n_shards
-    if request == "device":
-        return "device", "as requested"
-    device = problem.device
-    placement = problem.placement
-    # Split draws stream shard by shard, each into a block of whole chains of the outputs.
-    chain_split = placement.spec[1] is None and problem.n_local_shards == problem.n_shards
-    can_stream = (problem.n_shards == 1 or chain_split) and (
-        device.platform == "cpu" or host_memory_kind(device) is not None
-    )
-    if request == "host":
-        if not can_stream:
-            raise ValueError(
-                "`output_memory='host'` streams chunks into host arrays, but "
-                + (
-                    f"device {device} has no host memory kind"
-                    if problem.n_shards == 1 or chain_split
-                    else "the draws are split on their draw axis or over several processes"
-                )
-                + ". Pass `output_memory='device'` (or 'auto'). Nothing was run."
-            )
-        return "host", "as requested"
-    room = per_device + problem.per_item_bytes + problem.intermediate_bytes
-    if budget is None or room <= budget:
-        return "device", "they fit the device's budget"
-    if device.platform == "cpu" or not can_stream:
-        return "device", "no host memory to stream to"  # check_budget raises what is short
-    host = host_free_bytes()
-    if problem.output_bytes > host:
-        raise MemoryError(
-            f"The outputs need {_mib(problem.output_bytes)}: more than {device} can give "
-            f"({_budget_text(budget)}) and more than host memory has free ({_mib(host)}). "
-            "Post-process fewer variables (`var_names`), or thin the draws. Nothing was run; "
-            "the draws are untouched."
-        )
-    return "host", (
-        f"the outputs ({_mib(problem.output_bytes)}) exceed {_budget_text(budget)} on the "
-        f"device; host memory has {_mib(host)} free"
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +106,7 @@ def _host_output_attempt(call: _Call, chunk_size: int | None, why_host: str) -> 
         if exe is not None and exe.peak_bytes <= call.limit:
             reason = (
                 f"Chunks of {size} draws ({why}), each landed in host memory ({why_host}): "
-                f"{_mib(exe.peak_bytes)} on the device, within {_budget_text(budget)}."
+                f"{mib(exe.peak_bytes)} on the device, within {budget_text(budget)}."
             )
             return Attempt(call.plan(exe, "chunked", reason, source), exe)
         if size == 1:
@@ -424,8 +226,8 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
     overhead = problem.n_buffers * config.overhead_bytes_per_buffer
     overhead_size = -(-overhead // max(int(per_item), 1))
     size = min(max(cache_size, overhead_size, 1), fits, n)
-    of = f"the target of {_mib(target)}" + (
-        f" ({_mib(config.chunk_target())} split over {together} devices running at once)"
+    of = f"the target of {mib(target)}" + (
+        f" ({mib(config.chunk_target())} split over {together} devices running at once)"
         if together > 1
         else ""
     )
@@ -433,8 +235,8 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
         why = f"enough work per chunk to amortise the loop's cost over {problem.n_buffers} buffers"
     elif problem.shared_bytes:
         why = (
-            f"a working set near {_mib(room)} per chunk: {of}, less the "
-            f"{_mib(problem.shared_bytes)} of data that every draw reads"
+            f"a working set near {mib(room)} per chunk: {of}, less the "
+            f"{mib(problem.shared_bytes)} of data that every draw reads"
         )
     else:
         why = f"a working set near {of} per chunk"
@@ -557,8 +359,8 @@ def _fixed_attempt(call: _Call, strategy: str) -> Attempt:
     budget = call.budget
     if budget is not None and exe.peak_bytes > budget:
         raise MemoryError(
-            f"Strategy {strategy!r} needs {_mib(exe.peak_bytes)} per device at its peak "
-            f"(outputs plus XLA's temporaries), over the memory budget of {_mib(budget)}. "
+            f"Strategy {strategy!r} needs {mib(exe.peak_bytes)} per device at its peak "
+            f"(outputs plus XLA's temporaries), over the memory budget of {mib(budget)}. "
             "Nothing was run; the draws are untouched. Pass "
             "`postprocessing_vectorize='auto'` to plan within the budget."
         )
@@ -581,10 +383,10 @@ def _vmap_attempt(
     temps = sharing * whole.temp_bytes
     if temps <= config.vmap_temp_bytes and whole.peak_bytes <= config.comfort_fraction * call.limit:
         reason = (
-            f"No loop: the loop-free vmap needs {_mib(temps)} of temporaries"
+            f"No loop: the loop-free vmap needs {mib(temps)} of temporaries"
             + (f" ({sharing} devices sharing one memory)" if sharing > 1 else "")
-            + f" and {_mib(whole.peak_bytes)} per device in all, within "
-            f"{config.comfort_fraction:.0%} of {_budget_text(call.budget)}."
+            + f" and {mib(whole.peak_bytes)} per device in all, within "
+            f"{config.comfort_fraction:.0%} of {budget_text(call.budget)}."
         )
         entry = {"loop": Loop.NONE.value, "chunk_size": None, "why": "compiled analysis"}
         _tuning.store(key, entry)
@@ -627,8 +429,8 @@ def _sized_attempt(call: _Call, sizing: _Sizing, tuned: bool, stored: bool, key:
                 release(exe)
                 continue
             reason = (
-                f"Chunks of {size} draws ({sizing.why}): {_mib(exe.temp_bytes)} of temporaries, "
-                f"{_mib(exe.peak_bytes)} in all, within {_budget_text(call.budget)}."
+                f"Chunks of {size} draws ({sizing.why}): {mib(exe.temp_bytes)} of temporaries, "
+                f"{mib(exe.peak_bytes)} in all, within {budget_text(call.budget)}."
             )
             plan = call.plan(exe, "chunked", reason, sizing.source)
             tuner = Tuner(exe, _candidate_compiler(call, exe), key) if tuned else None
@@ -638,7 +440,7 @@ def _sized_attempt(call: _Call, sizing: _Sizing, tuned: bool, stored: bool, key:
         if exe is None:
             sizing.why = f"compiling at {size} ran out of device memory; halved"
         elif jumped:
-            sizing.why = f"XLA's temporaries jumped to {_mib(exe.temp_bytes)} at {size}; halved"
+            sizing.why = f"XLA's temporaries jumped to {mib(exe.temp_bytes)} at {size}; halved"
         else:
             sizing.why = "halved until the compiled peak fits the budget"
         release(exe)
@@ -673,9 +475,9 @@ def _one_draw_error(exe: Executable | None, problem: Problem, limit: float) -> M
             "(`postprocessing_backend='cpu'`)."
         )
     return MemoryError(
-        f"Even one draw at a time needs {_mib(exe.peak_bytes)} (outputs "
-        f"{_mib(problem.output_bytes // problem.n_shards)} plus XLA temporaries), over "
-        f"the memory budget of {_mib(limit)}. Nothing was run; the draws are untouched."
+        f"Even one draw at a time needs {mib(exe.peak_bytes)} (outputs "
+        f"{mib(problem.output_bytes // problem.n_shards)} plus XLA temporaries), over "
+        f"the memory budget of {mib(limit)}. Nothing was run; the draws are untouched."
     )
 
 
@@ -748,7 +550,7 @@ def _from_cache(call: _Call, key: str) -> Attempt | None:
     reason = (
         f"{what}, from the tuning cache ({entry.get('why', 'measured before')}"
         + (f"; its executable {_ORIGIN_TEXT[exe.origin]}" if exe.origin in _ORIGIN_TEXT else "")
-        + f"): {_mib(exe.peak_bytes)} in all, within {_budget_text(call.budget)}."
+        + f"): {mib(exe.peak_bytes)} in all, within {budget_text(call.budget)}."
     )
     return Attempt(call.plan(exe, strategy, reason, "cache"), exe)
 
@@ -788,7 +590,7 @@ def finished(attempt: Attempt) -> Plan:
         reason = f"Chunks of {best} draws, as the rule gave"
     reason += (
         f", {library}" if library else ""
-    ) + f"; {_mib(tuner.peak_bytes)} in all, within {_budget_text(plan.budget_bytes)}."
+    ) + f"; {mib(tuner.peak_bytes)} in all, within {budget_text(plan.budget_bytes)}."
     return dataclasses.replace(
         plan,
         chunk_size=best,
@@ -932,7 +734,7 @@ def _check_retry(
         raise MemoryError(
             f"Post-processing ran out of memory with {failed_strategy!r} at {size} draw(s) "
             f"per chunk, and smaller chunks cannot help: the outputs alone need "
-            f"{_mib(needed)} and {problem.device} has {_mib(free)} free. The raw draws are "
+            f"{mib(needed)} and {problem.device} has {mib(free)} free. The raw draws are "
             "intact: free device memory (delete arrays you no longer need), or post-process "
             "on the CPU (`postprocessing_backend='cpu'`)."
         ) from error

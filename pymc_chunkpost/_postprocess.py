@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _planner
+from . import _planner, _resources
 from ._chunked import resolve_chunk_size
 from ._executor import CompileOutOfMemory, execute
 from ._memory import resolve_device
@@ -140,14 +140,14 @@ def plan(
     """
     check_options("auto", None, None, memory_budget)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    serial = _planner.serial_shards(problem)
+    serial = _resources.serial_shards(problem)
     if serial is not None:  # as `run` would: each device's shard planned on its own
         shards = _shards(samples, problem)
         budget = _shard_budget(memory_budget, len(shards))
         plans = [plan(jax_fn, local, None, memory_budget=budget) for local in shards.values()]
         return _shard_by_shard_plan(plans, serial)
-    problem = _planner.spread(problem)
-    budget = _planner.resolve_budget(problem, memory_budget)
+    problem = _resources.spread(problem)
+    budget = _resources.resolve_budget(problem, memory_budget)
     return _planner.first_attempt(jax_fn, problem, "auto", budget).plan
 
 
@@ -168,7 +168,7 @@ def run(
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    serial = _planner.serial_shards(problem)
+    serial = _resources.serial_shards(problem)
     if serial is not None:
         return _run_shard_by_shard(
             jax_fn,
@@ -184,13 +184,13 @@ def run(
             output_memory=output_memory,
         )
     if strategy in CHUNK_STRATEGIES:
-        problem = _planner.spread(problem)
+        problem = _resources.spread(problem)
     placed, donate = _place(samples, donate_samples, problem)
     # What XLA may take: see `xla_may_donate`. The rest of `donate` is deleted after success.
     xla_donate = donate if xla_may_donate(problem.device) else ()
     budget = None  # a fixed strategy is checked only against an explicit budget
     if strategy in CHUNK_STRATEGIES or memory_budget is not None:
-        budget = _planner.resolve_budget(problem, memory_budget)
+        budget = _resources.resolve_budget(problem, memory_budget)
     size = None
     if chunk_size is not None or n_chunks is not None:
         size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
@@ -256,7 +256,7 @@ def _run_shard_by_shard(
     memory_budget: float | None,
     **options: Any,
 ) -> tuple[list[Any], Plan]:
-    """`run` on each device's shard in turn, as a one-device run (`_planner.serial_shards`).
+    """`run` on each device's shard in turn, as a one-device run (`_resources.serial_shards`).
 
     Invariant: each shard has finished before the next is dispatched. One-device programs
     dispatched at once on every device hang as the one program over all of them does

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
@@ -207,9 +208,9 @@ class Tuner:
         left = (self._n - self._start) * search.rates[best]
         if not self.library.decided:
             if self.library.worth_trying(self.steps[search.tried[0]], left):
-                self._current = self.steps[best]
-                step = self.steps[best]
-                self._submit(lambda: self.library.candidate(step, self._without(best)), True)
+                self._current = step = self.steps[best]
+                without = functools.partial(self._compile, best, False)
+                self._submit(lambda: self.library.candidate(step, without), True)
                 return
         target = search.next_size(best, left, self._n)
         if target is None:
@@ -217,9 +218,6 @@ class Tuner:
         self._current = self.steps[best]  # the fastest so far runs while the next compiles
         fusions = self.library.fusions
         self._submit(lambda: self._compile(target, fusions), False)
-
-    def _without(self, size: int) -> Callable[[], Executable | None]:
-        return lambda: self._compile(size, False)
 
     def _submit(self, compile_: Callable[[], Executable | None], library: bool) -> None:
         self._pending_library = library

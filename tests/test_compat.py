@@ -18,7 +18,7 @@ import pytest
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pymc_chunkpost import _compat, _executable_store, _planner, _postprocess
+from pymc_chunkpost import _compat, _executable_store, _postprocess, _resources
 from pymc_chunkpost._jaxpr_eval import draw_major_fun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def test_lapack_shards_run_one_after_another_only_on_a_jaxlib_that_deadlocks(mon
     """jaxlib 0.10 (Python 3.11's): a Cholesky per draw, split over 4 of 4 CPU devices, runs
     shard by shard; jaxlib 0.11 and later run the shards together."""
     assert _compat.lapack_may_deadlock() is (_compat.jaxlib_version() < (0, 11))
-    monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 4)
+    monkeypatch.setattr(_resources, "_cpu_device_count", lambda: 4)
 
     def per_draw(a):
         return [jnp.linalg.cholesky(a @ a.T + 3.0 * jnp.eye(3))]
@@ -46,7 +46,7 @@ def test_lapack_shards_run_one_after_another_only_on_a_jaxlib_that_deadlocks(mon
     mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("chain",))
     draws = jax.device_put(np.ones((4, 2, 3, 3)), NamedSharding(mesh, PartitionSpec("chain")))
     problem, _ = _postprocess._validate(per_draw, [draws], None)
-    reason = _planner.serial_shards(problem)
+    reason = _resources.serial_shards(problem)
     assert (reason is not None) is _compat.lapack_may_deadlock(), reason
 
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import assert_intact, assert_same, out_of_memory, problem_of, reference
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _planner, _postprocess
+from pymc_chunkpost import _postprocess, _resources
 from pymc_chunkpost._problem import Placement
 
 
@@ -69,19 +69,19 @@ def test_auto_sends_outputs_that_do_not_fit_an_accelerator_to_host(wide):
     model, jax_fn = wide
     problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
     small = FakeGpu(problem.output_bytes // 2)
-    where, why = _planner.output_memory_for(_on(problem, small), "auto", small.free)
+    where, why = _resources.output_memory_for(_on(problem, small), "auto", small.free)
     assert where == "host" and "exceed" in why
     large = FakeGpu(100 * problem.output_bytes)
-    assert _planner.output_memory_for(_on(problem, large), "auto", large.free)[0] == "device"
+    assert _resources.output_memory_for(_on(problem, large), "auto", large.free)[0] == "device"
 
 
 def test_host_memory_too_small_too_is_a_memory_error_naming_both(wide, monkeypatch):
     model, jax_fn = wide
     problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
-    monkeypatch.setattr(_planner, "host_free_bytes", lambda: problem.output_bytes // 3)
+    monkeypatch.setattr(_resources, "host_free_bytes", lambda: problem.output_bytes // 3)
     small = FakeGpu(problem.output_bytes // 2)
     with pytest.raises(MemoryError, match="more than .* can give .* host memory has free"):
-        _planner.output_memory_for(_on(problem, small), "auto", small.free)
+        _resources.output_memory_for(_on(problem, small), "auto", small.free)
 
 
 def test_auto_never_chooses_host_on_a_cpu(wide):

@@ -89,11 +89,11 @@ LAYERS = [
     ("face", {"__init__", "cli", "profiling"}),
     ("routes", {"_patch", "_posthoc", "_graph", "_predictive", "numpyro"}),
     ("entry", {"_postprocess", "_options"}),
-    ("planner", {"_planner", "_tuner", "_library_fusions", "_tuning"}),
+    ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
     ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),
     ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval"}),
     ("data", {"_problem", "_types"}),
-    ("shared", {"_cache", "_disk", "_memory", "_progress", "_config", "_compat"}),
+    ("shared", {"_cache", "_disk", "_memory", "_progress", "_config", "_compat", "_messages"}),
     ("leaves", {"_version", "_extras"}),
 ]
 PACKAGE = ROOT / "pymc_chunkpost"

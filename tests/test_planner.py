@@ -21,7 +21,7 @@ from helpers import (
 )
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executor, _memory, _planner, _postprocess
+from pymc_chunkpost import _executor, _memory, _planner, _postprocess, _resources
 from pymc_chunkpost._config import current
 from pymc_chunkpost._executor import CompileOutOfMemory
 
@@ -126,7 +126,7 @@ def test_bad_budget(built, bad):
 
 def test_default_budget_is_free_memory(monkeypatch, wide):
     model, jax_fn = wide
-    monkeypatch.setattr(_planner, "free_bytes", lambda device: 123_456_789)
+    monkeypatch.setattr(_resources, "free_bytes", lambda device: 123_456_789)
     assert pc.plan(jax_fn, models.raw_draws(model, 1, 3)).budget_bytes == 123_456_789
 
 
@@ -402,7 +402,7 @@ def test_free_bytes_is_unknown_without_statistics():
 
 def test_unknown_free_memory_plans_without_a_limit(monkeypatch, wide):
     model, jax_fn = wide
-    monkeypatch.setattr(_planner, "free_bytes", lambda device: None)
+    monkeypatch.setattr(_resources, "free_bytes", lambda device: None)
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
     expected = reference(jax_fn, raw)
     with pytest.warns(RuntimeWarning, match="free memory is unknown"):
@@ -615,7 +615,7 @@ class TestWarningsPointAtTheCaller:
         assert [w.filename for w in caught] == [__file__]
 
     def test_unknown_pool_warning(self, wide, monkeypatch):
-        monkeypatch.setattr(_planner, "free_bytes", lambda device: None)
+        monkeypatch.setattr(_resources, "free_bytes", lambda device: None)
         model, jax_fn = wide
         raw = models.raw_draws(model, 2, 8)
         with pytest.warns(RuntimeWarning, match="free memory is unknown") as caught:
@@ -625,7 +625,7 @@ class TestWarningsPointAtTheCaller:
         assert {w.filename for w in [*caught, *planned]} == {__file__}
 
     def test_through_patched_pymc(self, monkeypatch):
-        monkeypatch.setattr(_planner, "free_bytes", lambda device: None)
+        monkeypatch.setattr(_resources, "free_bytes", lambda device: None)
         with pm.Model() as model:
             mu = pm.Normal("mu")
             pm.Normal("y", mu, 1.0, observed=np.zeros(3))

@@ -15,7 +15,7 @@ from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _compat, _disk, _planner, _postprocess
+from pymc_chunkpost import _compat, _disk, _postprocess, _resources
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 
@@ -116,7 +116,7 @@ def test_single_device_draws_are_not_spread_on_a_cpu(built):
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 50)]
     problem, _ = _postprocess._validate(jax_fn, raw, None)
-    assert _planner.spread(problem) is problem
+    assert _resources.spread(problem) is problem
 
 
 def test_single_device_draws_spread_over_accelerators(built, monkeypatch, configure):
@@ -124,7 +124,7 @@ def test_single_device_draws_spread_over_accelerators(built, monkeypatch, config
     accelerator for the test), a large enough run is split over the local devices along the
     chain axis, outputs equal."""
     configure(spread_platforms=("cpu",), spread_min_bytes=0)
-    monkeypatch.setattr(_planner, "_local_devices", lambda platform: jax.devices(platform)[:2])
+    monkeypatch.setattr(_resources, "_local_devices", lambda platform: jax.devices(platform)[:2])
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 50)]
     expected = reference(jax_fn, raw)
@@ -158,7 +158,7 @@ def test_vmap_threshold_counts_every_cpu_device(built):
         assert_same(outputs, expected)
 
 
-# jaxlib 0.10's deadlock (`_planner.serial_shards`): loops over LAPACK kernels on every CPU
+# jaxlib 0.10's deadlock (`_resources.serial_shards`): loops over LAPACK kernels on every CPU
 # device of a process at once. The GP fixture calls a Cholesky per draw.
 
 
@@ -173,7 +173,7 @@ def gp():
 def _deadlock_prone(monkeypatch):
     """As on jaxlib 0.10 with 4 CPU devices in the process."""
     monkeypatch.setattr(_compat, "LAPACK_DEADLOCK_FIXED_IN", (10**6, 0))
-    monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 4)
+    monkeypatch.setattr(_resources, "_cpu_device_count", lambda: 4)
 
 
 def _assert_close_gp(outputs, expected):
@@ -195,14 +195,14 @@ def test_serial_shards_only_where_the_deadlock_can_happen(gp, built, monkeypatch
     )[0]
     one_device = _postprocess._validate(jax_fn, [jnp.asarray(x) for x in raw], None)[0]
     if not _compat.lapack_may_deadlock():
-        assert _planner.serial_shards(problem) is None  # a fixed jaxlib
+        assert _resources.serial_shards(problem) is None  # a fixed jaxlib
     _deadlock_prone(monkeypatch)
-    reason = _planner.serial_shards(problem)
+    reason = _resources.serial_shards(problem)
     assert reason is not None and "one shard after another" in reason
-    assert _planner.serial_shards(plain) is None  # no LAPACK kernel
-    assert _planner.serial_shards(one_device) is None
-    monkeypatch.setattr(_planner, "_cpu_device_count", lambda: 8)  # 4 shards of 8 ran
-    assert _planner.serial_shards(problem) is None
+    assert _resources.serial_shards(plain) is None  # no LAPACK kernel
+    assert _resources.serial_shards(one_device) is None
+    monkeypatch.setattr(_resources, "_cpu_device_count", lambda: 8)  # 4 shards of 8 ran
+    assert _resources.serial_shards(problem) is None
 
 
 @pytest.mark.parametrize(

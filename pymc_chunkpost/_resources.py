@@ -1,0 +1,182 @@
+"""Where a call runs and what it may use: policy, as the rest of the planner.
+
+The devices (`spread`: single-device draws over several accelerators; `serial_shards`: shards
+one after another where a jaxlib can deadlock), the memory budget per device
+(`resolve_budget`, `check_budget`), and where the outputs live (`output_memory_for`). Each is
+decided here once, from the problem and the machine; the chunk plan (`_planner`) reads them.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from . import _compat
+from ._config import current
+from ._host_output import host_memory_kind
+from ._memory import free_bytes, host_free_bytes
+from ._messages import budget_text, mib, warn
+from ._problem import Placement, Problem, uses_primitives
+
+__all__ = ["check_budget", "output_memory_for", "resolve_budget", "serial_shards", "spread"]
+
+
+def check_budget(problem: Problem, budget: int | None) -> None:
+    """Raise `MemoryError` if `budget` cannot even hold the outputs (None: no known limit)."""
+    per_device = problem.output_bytes // problem.n_shards
+    if budget is not None and per_device > budget:
+        raise MemoryError(
+            f"Post-processing needs at least {mib(per_device)} per device for its outputs "
+            f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
+            f"{mib(budget)}. Free memory, raise `memory_budget`, post-process fewer variables "
+            "(`var_names`), or thin the draws. Nothing was run; the draws are untouched."
+        )
+
+
+def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
+    """The budget per device in bytes: `memory_budget`, or the free memory if None.
+
+    On a CPU every device shares one RAM, so it is counted once and split over the shards.
+    None when the device cannot say what it has free (an accelerator whose allocator keeps
+    no statistics, as with `XLA_PYTHON_CLIENT_ALLOCATOR=platform`): the plan then has no
+    limit, and the out-of-memory retry is what keeps the draws safe. A warning says so.
+    """
+    shards = problem.n_local_shards
+    if memory_budget is not None:
+        return int(memory_budget) // shards
+    placement, cpu = problem.placement, problem.device.platform == "cpu"
+    devices = [problem.device] if placement.mesh is None or cpu else placement.local_devices
+    frees = [free_bytes(d) for d in devices]
+    if any(free is None for free in frees):
+        warn(
+            f"{problem.device} reports no memory statistics (as with "
+            "`XLA_PYTHON_CLIENT_ALLOCATOR=platform`), so its free memory is unknown: planning "
+            "without a memory limit, with the out-of-memory retry as the safety net. Pass "
+            "`memory_budget` (bytes) to plan under a limit."
+        )
+        return None
+    free = min(f for f in frees if f is not None)
+    return free // shards if cpu else free
+
+
+def serial_shards(problem: Problem) -> str | None:
+    """Why the shards of `problem` must run one after another, each as a one-device run, or
+    None when they run together.
+
+    Only for the jaxlib deadlock of `_compat.lapack_may_deadlock`, whatever the strategy:
+    draws split over CPU devices, a per-draw function that calls a LAPACK kernel, and fewer
+    than twice as many CPU devices in the process as shards (4 of 8 ran). The cost: the
+    shards' runs add up instead of overlapping (they compile once in all: `_executor`
+    moves one shard's executable to the others).
+    """
+    if problem.n_local_shards < 2 or problem.device.platform != "cpu":
+        return None
+    if not _compat.lapack_may_deadlock() or problem.jaxpr is None:
+        return None
+    cpu_devices = _cpu_device_count()
+    if cpu_devices >= 2 * problem.n_local_shards:
+        return None
+    if not uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES):
+        return None
+    import jaxlib
+
+    return (
+        f"{problem.n_local_shards} devices, one shard after another: jaxlib "
+        f"{jaxlib.__version__} can deadlock when {problem.n_local_shards} of {cpu_devices} CPU "
+        "devices run LAPACK kernels at once"
+    )
+
+
+def _cpu_device_count() -> int:
+    return len(jax.local_devices(backend="cpu"))
+
+
+def _local_devices(platform: str) -> list[jax.Device]:
+    """This process's devices of `platform`."""
+    return [d for d in jax.local_devices() if d.platform == platform]
+
+
+def spread(problem: Problem) -> Problem:
+    """The problem on the devices it should run on.
+
+    Draws already split over several devices stay there. Draws on one device of a platform
+    in `spread_platforms` (accelerators) are spread over the local devices of that platform
+    when the run is large enough to repay it (`spread_min_bytes`), along the chain axis (or
+    else the draw axis) when the device count divides it: no padded copy.
+    """
+    config = current()
+    placement = problem.placement
+    device = placement.device
+    if placement.mesh is not None or device.platform not in config.spread_platforms:
+        return problem
+    local = _local_devices(device.platform)
+    work = problem.output_bytes + problem.n_items * problem.intermediate_bytes
+    if len(local) < 2 or work < config.spread_min_bytes:
+        return problem
+    for axis, length in ((0, problem.chains), (1, problem.draws)):
+        for d in range(len(local), 1, -1):
+            if length % d == 0:
+                devices = [device] + [x for x in local if x != device][: d - 1]
+                mesh = Mesh(np.array(devices), ("spread",))
+                spec = ("spread", None) if axis == 0 else (None, "spread")
+                reason = (
+                    f"spread over {d} {device.platform} devices on the "
+                    f"{'chain' if axis == 0 else 'draw'} axis: {mib(work)} of work"
+                )
+                return problem.with_placement(Placement(device, mesh, spec, reason))
+    return problem
+
+
+def output_memory_for(problem: Problem, request: str, budget: int | None) -> tuple[str, str]:
+    """Where the outputs go, "device" or "host", and why: the one place this is decided.
+
+    "auto" keeps them on the device when they fit its budget with room for one draw's work;
+    otherwise, on an accelerator with a host memory kind, they land in host memory chunk by
+    chunk. It never chooses "host" on a CPU, where both are the same RAM.
+
+    Raises:
+        ValueError: "host" asked of draws split over several devices, or of an accelerator
+            without host memory; nothing has run.
+        MemoryError: the outputs fit neither the device budget nor host memory; the message
+            says what is needed on each side. Nothing has run.
+    """
+    per_device = problem.output_bytes // problem.n_shards
+    if request == "device":
+        return "device", "as requested"
+    device = problem.device
+    placement = problem.placement
+    # Split draws stream shard by shard, each into a block of whole chains of the outputs.
+    chain_split = placement.spec[1] is None and problem.n_local_shards == problem.n_shards
+    can_stream = (problem.n_shards == 1 or chain_split) and (
+        device.platform == "cpu" or host_memory_kind(device) is not None
+    )
+    if request == "host":
+        if not can_stream:
+            raise ValueError(
+                "`output_memory='host'` streams chunks into host arrays, but "
+                + (
+                    f"device {device} has no host memory kind"
+                    if problem.n_shards == 1 or chain_split
+                    else "the draws are split on their draw axis or over several processes"
+                )
+                + ". Pass `output_memory='device'` (or 'auto'). Nothing was run."
+            )
+        return "host", "as requested"
+    room = per_device + problem.per_item_bytes + problem.intermediate_bytes
+    if budget is None or room <= budget:
+        return "device", "they fit the device's budget"
+    if device.platform == "cpu" or not can_stream:
+        return "device", "no host memory to stream to"  # check_budget raises what is short
+    host = host_free_bytes()
+    if problem.output_bytes > host:
+        raise MemoryError(
+            f"The outputs need {mib(problem.output_bytes)}: more than {device} can give "
+            f"({budget_text(budget)}) and more than host memory has free ({mib(host)}). "
+            "Post-process fewer variables (`var_names`), or thin the draws. Nothing was run; "
+            "the draws are untouched."
+        )
+    return "host", (
+        f"the outputs ({mib(problem.output_bytes)}) exceed {budget_text(budget)} on the "
+        f"device; host memory has {mib(host)} free"
+    )
