@@ -28,7 +28,7 @@ every case, then the next); speed-ups are medians of the run-by-run ratios.
 
 Peak RSS (`VmHWM`) is not used: it counts the first touch of library code pages, and misses
 allocations that reuse heap pages another compile left resident, so the same call read 1.13x
-the floor after a trivial compile and 0.55x after the logp's (docs/posthoc.md).
+the floor after a trivial compile and 0.55x after the logp's (docs/decisions.md).
 """
 
 from __future__ import annotations
