@@ -15,7 +15,8 @@ first; every failure reads as a miss (`_disk`).
 This is JAX's own persistent compilation cache, narrowed to our executables: JAX's keeps only
 compiles over `jax_persistent_cache_min_compile_time_secs` (1 s by default), and post-processing
 compiles in 0.03-0.6 s (docs/strategies.md). Like JAX's, it loads native code from the user's
-own cache folder, and `PYMC_CHUNKPOST_CACHE_DIR=""` turns it off.
+own cache folder, and `PYMC_CHUNKPOST_CACHE_DIR=""` turns it off. Unlike JAX's, it loads only
+from a folder and files that the current user owns and no one else can write (`_disk`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._disk import cache_dir, later, read_bytes, write_bytes
+from ._disk import cache_dir, later, read_bytes, trusted, write_bytes
 
 __all__ = [
     "Slot",
@@ -121,14 +122,16 @@ def _context(devices: Sequence[Any]) -> str:
 def slot_for(parts: Sequence[str], devices: Sequence[Any], constant_bytes: int) -> Slot | None:
     """The slot of an executable described by `parts` (what is known before lowering), run on
     `devices`; None where nothing is stored: the store is off, the program holds over
-    `MAX_CONSTANT_BYTES` of constants, this process's loader is broken, or the run spans
-    several processes (`jax.distributed`)."""
+    `MAX_CONSTANT_BYTES` of constants, this process's loader is broken, the run spans
+    several processes (`jax.distributed`), or the folder may hold someone else's code
+    (`_disk.trusted`: it warns once)."""
     root = cache_dir()
     if (
         root is None
         or _LOADER_BROKEN
         or constant_bytes > MAX_CONSTANT_BYTES
         or jax.process_count() > 1
+        or not trusted(root / SUBFOLDER, root)
     ):
         return None
     context = _context(devices)
@@ -185,7 +188,7 @@ def load(slot: Slot, lowered: Any) -> tuple[Any, Portable] | None:
     global _LOADER_BROKEN
     if _LOADING_STOPPED:
         return None
-    data = read_bytes(slot.path)
+    data = read_bytes(slot.path, private=True)
     if data is None or not data.startswith(MAGIC):
         return None  # a miss costs no import: the worker imports the serializer (`start_worker`)
     from jax.experimental import serialize_executable

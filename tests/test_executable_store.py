@@ -9,6 +9,7 @@ turned off) compiles anew and gives pymc's outputs too.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 
 import jax
@@ -576,3 +577,62 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     assert retries(Attempt(None, exe, tuned), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, exe, None), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, loaded, None), ValueError("not XLA's"))  # type: ignore[arg-type]
+
+
+# The folder is a trust boundary (`_disk.trusted`): an executable in it is code.
+
+
+def test_the_folder_and_its_files_are_private(cache):
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    _run(jax_fn, models.raw_draws(model, 2, 50))
+    folder = cache / _executable_store.SUBFOLDER
+    assert (folder.stat().st_mode & 0o777) == 0o700
+    assert _stored(cache) and all((f.stat().st_mode & 0o777) == 0o600 for f in _stored(cache))
+
+
+def _chown_to_someone_else(path):
+    if os.getuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    os.chown(path, 4321, -1)
+
+
+def _files(cache, change):
+    for f in _stored(cache):
+        change(f)
+
+
+@pytest.mark.parametrize(
+    "make_untrusted, why, replaced",
+    [
+        (lambda cache: cache.chmod(0o777), "can be written by others", False),
+        (lambda cache: (cache / "executables").chmod(0o770), "written by others", False),
+        (_chown_to_someone_else, "is not owned by you", False),
+        (lambda cache: _files(cache, _chown_to_someone_else), "not owned by you", True),
+        (lambda cache: _files(cache, lambda f: f.chmod(0o666)), "written by others", True),
+    ],
+    ids=["folder", "subfolder-group", "folder-owner", "file-owner", "file"],
+)
+def test_a_folder_or_file_others_can_write_is_refused(
+    cache, monkeypatch, make_untrusted, why, replaced
+):
+    """Nothing is loaded from it: one warning names it and the fix, and the run compiles and
+    gives pymc's outputs. A refused file is replaced by what is compiled in its place (the
+    folder is ours, and the file, written anew, too); a refused folder is never read again
+    in this process."""
+    monkeypatch.setattr(_disk, "_REFUSED", set())
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    _run(jax_fn, raw)
+    assert _stored(cache)
+    make_untrusted(cache)
+    with pytest.warns(RuntimeWarning, match=f"{why}.*chmod go-w.*PYMC_CHUNKPOST_CACHE_DIR"):
+        outputs, plan = _run(jax_fn, raw)
+    assert "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        again, plan = _run(jax_fn, raw)
+    assert ("loaded from disk" in plan.reason) is replaced
+    assert_same(again, reference(jax_fn, raw))
