@@ -1,30 +1,29 @@
 """Every heuristic of the planner and the executor, named once: `PlannerConfig`.
 
-Each field says what it decides, why it has its value, and where the evidence is (a heading of
-docs/strategies.md). The planner, the tuner and the executor read the one configuration in
-force (`current`); tests and benchmarks run under another with `configured`, instead of
-reassigning module globals. Nothing here reads the machine at import: the CPU cache size
-behind `target_chunk_bytes` is read the first time a chunk is sized.
+Each field says what it decides and why it has its value; `EVIDENCE` says where the
+measurements behind it are (a heading of docs/, checked by tests/test_docs_links.py). The
+planner, the tuner and the executor read the one configuration in force (`current`); tests and
+benchmarks run under another with `configured`, instead of reassigning module globals. Nothing
+here reads the machine.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PlannerConfig", "configured", "current", "l2_cache_bytes"]
+__all__ = ["EVIDENCE", "PlannerConfig", "configured", "current"]
 
-_DOCS = "docs/strategies.md"
 MiB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannerConfig:
-    """The planner's and the executor's heuristics (each with its reason and evidence).
+    """The planner's and the executor's heuristics, each with its reason (`EVIDENCE`: where
+    the measurements behind it are).
 
     Loop-free or chunked:
 
@@ -32,127 +31,116 @@ class PlannerConfig:
         vmap_temp_bytes: the loop-free vmap runs when its compiled temporaries (on a CPU,
             those of all its devices: they share one memory) stay under this; below it a
             loop's extra compiles and per-chunk costs outweigh what the temporaries cost in
-            memory traffic, far above it they go to DRAM and cost more than any loop
-            (`#vmap-temp-bytes`).
+            memory traffic, far above it they go to DRAM and cost more than any loop.
         comfort_fraction: ...and when its compiled peak is at most this fraction of the
-            budget, leaving room for whatever else the process allocates meanwhile
-            (`#comfort-fraction`).
+            budget, leaving room for whatever else the process allocates meanwhile.
         vmap_bound_slack: the vmap candidate is compiled only when the jaxpr's bound on its
             temporaries is at most this many times `vmap_temp_bytes` (XLA fuses gathers and
-            transposes that the bound counts) (`#vmap-bound-slack`).
+            transposes that the bound counts).
         vmap_bound_per_output: ...and, above `vmap_temp_bytes`, at most this many times the
             outputs: temporaries that large beside small outputs are reduced into them and
             stay in memory (big_data), while fusion writes temporaries no larger than the
-            outputs straight into them (wide, big_det) (`#vmap-bound-per-output`).
+            outputs straight into them (wide, big_det).
 
     The chunk size:
-        target_chunk_bytes: one chunk's working set on a CPU; None: `target_chunk_per_l2`
-            times the L2 cache of a core, and at least `target_chunk_min_bytes`. Smaller
-            chunks lose to XLA's per-kernel dispatch on every chunk, larger ones to cache
-            misses (`#target-chunk-bytes`).
-        target_chunk_per_l2: a chunk's working set in L2 caches of a core: past it the time
-            per draw climbs as the working set leaves the caches (`#target-chunk-per-l2`).
-        target_chunk_min_bytes: the least working set aimed for, where the L2 is small:
-            smaller chunks lose to XLA's per-kernel dispatch on every chunk (the sweep on
-            machines with 1 and 2 MiB of L2) (`#target-chunk-min-bytes`).
+        target_chunk_bytes: one chunk's working set on a CPU: smaller chunks lose to XLA's
+            per-kernel dispatch on every chunk, larger ones to cache misses (within 1.08x of
+            the best chunk on machines with 512 KiB and 1 MiB of L2 per core, where a target
+            tied to the cache lost up to 1.32x).
         round_down_within: the rule's size goes down to a divisor of the draws within this
-            fraction below it, rather than up past the target (`#round-down-within`).
+            fraction below it, rather than up past the target.
         overhead_bytes_per_buffer: a loop's cost per chunk, per buffer it slices or
             updates, in bytes of work that take as long: a chunk does at least that much
-            work per buffer (`#overhead-bytes-per-buffer`).
+            work per buffer (an XLA loop measured 32-43 KiB on eight_schools and lkj, a host
+            loop 1-3 KiB; `benchmarks/heuristics_evidence.py overhead`, one noisy run).
         jump_factor: a compiled chunk whose temporaries exceed this many times the expected
             (plus `jump_slack_bytes`) is a "jump": XLA changed its layout or fusion at that
-            size, and a smaller chunk is tried (`#jump-factor`).
+            size, and a smaller chunk is tried.
         jump_slack_bytes: temporaries this far over `jump_factor` times the expected are
-            still no jump: small chunks' fixed buffers are not a layout change
-            (`#jump-slack-bytes`).
+            still no jump: a jaxpr bound that counts short by a constant factor is not a
+            layout change (demo_basis_grid compiles to 8.5x its bound at every size, 4.4 MiB
+            over 4x at the rule's 16 draws: without the slack it would run one draw per
+            chunk; `benchmarks/heuristics_evidence.py jump`).
         refine_ratio: on a CPU the size is computed again from the first chunk's compiled
             temporaries, and compiled again only if that moves it this many times or more:
-            within it, a second compile costs more than the better size saves
-            (`#refine-ratio`).
+            within it, a second compile costs more than the better size saves.
         accelerator_room_fraction: an accelerator's chunk takes this fraction of the memory
             left after the outputs; the rest leaves room for XLA's GPU autotuner, which
-            allocates while compiling (`#accelerator-room-fraction`).
+            allocates while compiling.
 
     The loop:
         host_loop_many_buffers: a model whose loop slices or updates more buffers than this
-            runs a host-driven loop: XLA's loops over many buffers compile for minutes
-            (`#host-loop-many-buffers`).
+            runs a host-driven loop: XLA's loops over many buffers compile for minutes.
         host_loop_max_chunks: a host-driven loop runs at most this many chunks (each call
-            costs a dispatch that grows with the buffers) (`#host-loop-max-chunks`).
+            costs a dispatch that grows with the buffers).
         first_segment_fraction: with a progress bar or while tuning, an XLA loop runs in
             host-dispatched segments; the first runs this fraction of the draws, to time
-            them (`#first-segment-fraction`).
+            them.
         segment_seconds: ...and every later one about this many seconds' worth (tqdm
-            redraws every 0.1 s) (`#segment-seconds`).
+            redraws every 0.1 s).
         host_zeros_max_bytes: a host-driven run on a CPU starts from zero outputs placed from
             the host below this; larger ones are filled by a compiled program, which writes
-            faster per byte but costs a fixed compile (`#host-zeros-max-bytes`).
+            faster per byte but costs a fixed compile.
         flatten_min_gathered_bytes: the "vmap" strategy runs over the flattened chain x draw
             axis when the results of gathers and scatters of the draws' values come to at
             least this much: under two batch dimensions XLA lays them out transposed and
-            copies them into the outputs (`#flatten-min-gathered-bytes`).
+            copies them into the outputs.
         host_output_chunk_fraction: with outputs in host memory, an accelerator's chunk takes
             this fraction of the device budget: two chunks in flight, one chunk's
-            temporaries, the autotuner (`#host-output-chunk-fraction`).
+            temporaries, the autotuner.
 
     The online tuner:
         tune_min_seconds: other chunk sizes are tried only when at least this much work is
-            left after the first chunks: below it, the compiles cannot pay for themselves
-            (`#tune-min-seconds`).
+            left after the first chunks: below it, the compiles cannot pay for themselves.
         tune_chunks: each candidate size is timed over at least this many calls...
-            (`#tune-chunks`)
         tune_window_seconds: ...and this many seconds, after one untimed warm-up call of
-            each: shorter windows are lost in the noise of a busy machine
-            (`#tune-window-seconds`).
+            each: shorter windows are lost in the noise of a busy machine.
         tune_trust_fraction: a tuned run that took less than this fraction of
             `tune_min_seconds` in all was projected long by first chunks that ran far slower
-            than the rest (a stall): what it measured is not kept (`#tune-trust-fraction`).
+            than the rest (a stall): what it measured is not kept.
         background_compiles: candidates compile on a second thread while the best size so
             far goes on running (XLA compiles without the GIL); False compiles them on the
-            calling thread, so that the next chunk always has them (`#background-compiles`).
+            calling thread, so that the next chunk always has them.
 
     XLA's CPU library fusions (the trial, `_library_fusions`):
         library_short_reduction: the chunk compiled without library fusions is tried where
             one of them reduces at most this many elements into each result: shorter than
             two AVX-512 vectors of float64 gains nothing from a vectorised kernel, and the
-            library writes out its operand (`#library-short-reduction`).
+            library writes out its operand.
         library_try_compiles: ...and where the work left after the first chunks would take
-            at least this many times the first compile (`#library-try-compiles`).
+            at least this many times the first compile.
         library_min_gain: the chunk without library fusions replaces the library's when it
             runs at least this many times faster: a stall while the first was timed would
-            favour the second (the gains measured are 8-14x) (`#library-min-gain`).
+            favour the second (the gains measured are 8-14x).
 
     Devices:
         spread_platforms: platforms whose single-device draws are spread over the other
             local devices. Not the CPU: XLA already runs one device's work on every core,
-            and splitting it over host devices measured slower (`#spread-platforms`).
+            and splitting it over host devices measured slower.
         spread_min_bytes: ...when the outputs and temporaries of the whole run come to at
-            least this much work (`#spread-min-bytes`).
+            least this much work.
 
     Memory and the on-disk store:
         trim_min_bytes: outputs of at least this many bytes that land in host memory are
-            written after the compiler's freed heap went back to the OS
-            (`#trim-min-bytes`).
+            written after the compiler's freed heap went back to the OS.
         store_max_bytes: the most bytes the executable store's folder holds; past it the
-            least recently used files go until it holds three quarters (`#store-max-bytes`).
+            least recently used files go until it holds three quarters (the zoo's 15 models
+            store 7.2 MiB, so it holds some 35 zoos' worth;
+            `benchmarks/heuristics_evidence.py store`).
         store_max_constant_bytes: programs with more constant data than this are neither
             stored nor kept to move: digesting and writing them would cost more than their
-            compile, and each candidate keeps a copy of its constants until then
-            (`#store-max-constant-bytes`).
+            compile, and each candidate keeps a copy of its constants until then.
 
     Tracing:
         eqns_per_run: the draws' tail mapped by `jax.vmap` costs about as much tracing as
-            binding this many elementwise equations directly saves (`#eqns-per-run`).
+            binding this many elementwise equations directly saves.
     """
 
     vmap_temp_bytes: int = 256 * MiB
     comfort_fraction: float = 0.5
     vmap_bound_slack: float = 4
     vmap_bound_per_output: float = 4
-    target_chunk_bytes: int | None = None
-    target_chunk_per_l2: int = 2
-    target_chunk_min_bytes: int = 8 * MiB
+    target_chunk_bytes: int = 8 * MiB
     round_down_within: float = 0.25
     overhead_bytes_per_buffer: int = 64 * 2**10
     jump_factor: float = 4
@@ -181,34 +169,48 @@ class PlannerConfig:
     store_max_constant_bytes: int = 16 * MiB
     eqns_per_run: int = 4
 
-    def chunk_target(self) -> int:
-        """One CPU chunk's working set in bytes (`target_chunk_bytes`, or from the L2)."""
-        if self.target_chunk_bytes is not None:
-            return self.target_chunk_bytes
-        return max(self.target_chunk_per_l2 * l2_cache_bytes(), self.target_chunk_min_bytes)
-
     @property
     def tune_segment_seconds(self) -> float:
         """Seconds a timed segment should take while tuning: a window over its calls."""
         return self.tune_window_seconds / self.tune_chunks
 
-    @staticmethod
-    def evidence(field: str) -> str:
-        """Where the evidence for `field` is: a heading of docs/strategies.md."""
-        return f"{_DOCS}#{field.replace('_', '-')}"
 
-
-@functools.cache
-def l2_cache_bytes() -> int:
-    """The CPU's L2 cache size per core, from sysfs (2 MiB where it cannot be read); read
-    once, the first time it is needed."""
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
-            text = f.read().strip().upper()
-        scale = {"K": 2**10, "M": MiB}.get(text[-1], 1)
-        return int(text.rstrip("KM")) * scale
-    except (OSError, ValueError):
-        return 2 * MiB
+_STRATEGIES = "docs/strategies.md"
+#: Where the measurements behind each field are (the rule, why, and the evidence).
+EVIDENCE: dict[str, str] = {
+    "vmap_temp_bytes": f"{_STRATEGIES}#vmap-temporaries-threshold",
+    "comfort_fraction": f"{_STRATEGIES}#comfort-fraction",
+    "vmap_bound_slack": f"{_STRATEGIES}#vmap-bound-slack",
+    "vmap_bound_per_output": f"{_STRATEGIES}#vmap-bound-slack",
+    "target_chunk_bytes": f"{_STRATEGIES}#chunk-target-bytes",
+    "round_down_within": f"{_STRATEGIES}#rounding-to-a-divisor",
+    "overhead_bytes_per_buffer": f"{_STRATEGIES}#loop-overhead-per-buffer",
+    "jump_factor": f"{_STRATEGIES}#compiled-temporaries-jump",
+    "jump_slack_bytes": f"{_STRATEGIES}#compiled-temporaries-jump",
+    "refine_ratio": f"{_STRATEGIES}#refine-factor",
+    "accelerator_room_fraction": f"{_STRATEGIES}#accelerator-chunk-size",
+    "host_loop_many_buffers": f"{_STRATEGIES}#host-loop-for-many-buffers",
+    "host_loop_max_chunks": f"{_STRATEGIES}#host-loop-for-many-buffers",
+    "first_segment_fraction": f"{_STRATEGIES}#progress-segments",
+    "segment_seconds": f"{_STRATEGIES}#progress-segments",
+    "host_zeros_max_bytes": f"{_STRATEGIES}#host-zeros",
+    "flatten_min_gathered_bytes": f"{_STRATEGIES}#flattened-vmap",
+    "host_output_chunk_fraction": "docs/memory.md#outputs-in-host-memory-output_memory",
+    "tune_min_seconds": f"{_STRATEGIES}#tuning-threshold",
+    "tune_chunks": f"{_STRATEGIES}#tuning-windows",
+    "tune_window_seconds": f"{_STRATEGIES}#tuning-windows",
+    "tune_trust_fraction": f"{_STRATEGIES}#tuning-trust-fraction",
+    "background_compiles": f"{_STRATEGIES}#tuning-threshold",
+    "library_short_reduction": f"{_STRATEGIES}#library-short-reduction",
+    "library_try_compiles": f"{_STRATEGIES}#library-trial-compiles",
+    "library_min_gain": f"{_STRATEGIES}#library-minimum-gain",
+    "spread_platforms": f"{_STRATEGIES}#spreading-over-accelerators",
+    "spread_min_bytes": f"{_STRATEGIES}#spreading-over-accelerators",
+    "trim_min_bytes": f"{_STRATEGIES}#heap-trim",
+    "store_max_bytes": f"{_STRATEGIES}#executable-store-size",
+    "store_max_constant_bytes": f"{_STRATEGIES}#executable-store-constants",
+    "eqns_per_run": f"{_STRATEGIES}#elementwise-equations-per-run",
+}
 
 
 _lock = threading.Lock()

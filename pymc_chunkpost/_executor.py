@@ -248,7 +248,8 @@ def _obtain_step(jax_fn: Callable, program: Program, key: tuple, stored: bool) -
     # serialized once it has run, its bytes taken now (`must_serialize_before_run`).
     movable = kind_key is not None and _BY_DEVICE_KIND.get(jax_fn, kind_key) is None
     step_code = compiled
-    if moved is None and found[0] is None and (slots[0] is not None or movable):
+    keep = slots[0] is not None or (movable and not _executable_store.loading_stopped())
+    if moved is None and found[0] is None and keep:
         step_code = _serialized_before_run(problem, compiled)
     codes = (step_code, init)
     to_store = [
@@ -307,6 +308,7 @@ def _slots(program: Program, key: tuple, n_programs: int) -> list[Any]:
         problem.fingerprint,
         ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
         str(problem.placement.spec),
+        repr(problem.placement.sharding),  # the devices, their mesh and memory kind
         "|".join(map(str, key[1:])),
     ]
     return [
@@ -346,7 +348,7 @@ def must_serialize_before_run(problem: Problem) -> bool:
 
 def _serialized_before_run(problem: Problem, compiled: Any) -> Any:
     """`compiled`, or its bytes (a `Portable`) where it could not be serialized once run."""
-    if _executable_store.loading_stopped() or not must_serialize_before_run(problem):
+    if not must_serialize_before_run(problem):
         return compiled
     return _executable_store.portable(compiled) or compiled
 

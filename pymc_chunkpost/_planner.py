@@ -218,7 +218,7 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
     # Shards on one CPU run at once, up to one per core, and split its cores and caches: the
     # target is for one device running on all of them.
     together = min(problem.n_local_shards, cpu_cores())
-    target = config.chunk_target() // together
+    target = config.target_chunk_bytes // together
     # The data every draw reads (a design matrix) shares the cache with the chunk's own
     # buffers; the chunk keeps at least half of the target.
     room = max(target - problem.shared_bytes, target // 2)
@@ -227,7 +227,7 @@ def _fast_chunk_size(problem: Problem, per_item_temp: float, budget: int | None)
     overhead_size = -(-overhead // max(int(per_item), 1))
     size = min(max(cache_size, overhead_size, 1), fits, n)
     of = f"the target of {mib(target)}" + (
-        f" ({mib(config.chunk_target())} split over {together} devices running at once)"
+        f" ({mib(config.target_chunk_bytes)} split over {together} devices running at once)"
         if together > 1
         else ""
     )
@@ -619,7 +619,8 @@ def next_attempt(
 
     An executable that this process did not compile (loaded from the store, or moved from
     another device) that failed to run is compiled here, with the same plan and no online
-    tuning, and nothing more is loaded, moved or stored in this process.
+    tuning; one loaded from the store is replaced there by what is compiled here. Nothing
+    more is loaded or moved in this process.
 
     After running out of memory, halve the chunk that failed (`smaller`), in the loop it
     had, or in the planner's loop for a plan that had none. Stop, with the draws intact,
@@ -635,7 +636,7 @@ def next_attempt(
         failed.tuner.abandon()
     foreign = _foreign_failure(failed, error)
     if failed is not None and foreign is not None:
-        here = _compiled_here(call, failed, _ORIGIN_TEXT[foreign], error, lost)
+        here = _compiled_here(call, failed, foreign, error, lost)
         if here is not None:
             return here
         # Compiling here ran out of memory: the memory policy below goes on from its plan.
@@ -643,21 +644,17 @@ def next_attempt(
 
 
 def _compiled_here(
-    call: _Call, failed: Attempt, origin: str, error: Exception, lost: Sequence[int]
+    call: _Call, failed: Attempt, foreign: Origin, error: Exception, lost: Sequence[int]
 ) -> Attempt | None:
-    """The failed plan compiled here, after an executable `origin` failed to run; None where
-    compiling it ran out of memory."""
+    """The failed plan compiled here, after an executable from `foreign` failed to run (one
+    loaded from the store is replaced there); None where compiling it ran out of memory."""
+    origin = _ORIGIN_TEXT[foreign]
     distrust_foreign()
     if lost:
         raise RuntimeError(
             f"Post-processing failed in an executable {origin} ({error}), and inputs "
             f"{list(lost)} had been donated to it and are lost."
         ) from error
-    warn(
-        f"An executable {origin} failed to run ({error}); compiling it here instead, "
-        "and nothing more is loaded, moved or stored in this process. The draws are "
-        "intact."
-    )
     failed_exe, size = failed.exe, failed.exe.chunk_size
     request = call.request(
         failed_exe.strategy,
@@ -666,7 +663,12 @@ def _compiled_here(
         output_memory=failed_exe.output_memory,
         segmented=failed_exe.segments,
     )
-    exe = _compile(call.jax_fn, call.problem, request)
+    replace = foreign is Origin.LOADED
+    exe = _compile(call.jax_fn, call.problem, request, stored=replace)
+    done = "compiling it here ran out of memory" if exe is None else "compiled it here"
+    if exe is not None and replace:
+        done += " and stored it in place of the one that failed"
+    warn(f"An executable {origin} failed to run ({error}); {done}. The draws are intact.")
     if exe is None:
         return None
     what = "No loop" if size is None else f"Chunks of {size} draws"

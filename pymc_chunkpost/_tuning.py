@@ -2,7 +2,7 @@
 
 One small JSON file per key, in the cache folder (`_disk.cache_dir`). The key covers the
 per-draw function (its jaxpr and the shapes of its data), the draws' shapes and dtypes, the
-devices, and the jax and package versions, so a stale entry is never read for another
+devices, and the jax, jaxlib and package versions, so a stale entry is never read for another
 problem. Every failure reads as "no entry" or skips the write (`_disk`): the cache can only
 save time, never raise.
 """
@@ -27,12 +27,15 @@ FORMAT = 1
 
 def tuning_key(problem: Problem, request: str) -> str:
     """A stable key for `problem` planned under `request` (the strategy and output memory)."""
+    import jaxlib
+
     placement = problem.placement
     device = placement.device
     parts = [
         str(FORMAT),
         __version__,
         jax.__version__,
+        jaxlib.__version__,
         device.platform,
         str(getattr(device, "device_kind", "")),
         f"{placement.n_devices}:{placement.spec}",

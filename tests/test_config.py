@@ -1,4 +1,4 @@
-"""`PlannerConfig`: every heuristic named once, with its reason and evidence; read lazily."""
+"""`PlannerConfig`: every heuristic named once, with its reason and its evidence."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ import textwrap
 
 import pytest
 
-from pymc_chunkpost import _config
-from pymc_chunkpost._config import PlannerConfig, configured, current
+from pymc_chunkpost._config import EVIDENCE, PlannerConfig, configured, current
 
 
-def test_every_field_has_a_reason_and_an_anchor():
-    """Each field is described in the class docstring, ending with its evidence's anchor in
-    docs/strategies.md (named after the field)."""
+def test_every_field_has_a_reason_and_evidence():
+    """Each field is described in the class docstring, in a sentence or more, and `EVIDENCE`
+    names the heading of docs/ that holds its measurements (tests/test_docs_links.py checks
+    that each one exists)."""
     doc = PlannerConfig.__doc__ or ""
-    for field in dataclasses.fields(PlannerConfig):
-        anchor = field.name.replace("_", "-")
-        entry = re.search(rf"^\s+{field.name}: (.*?)\(`#{anchor}`\)", doc, re.M | re.S)
-        assert entry is not None and len(entry.group(1).split()) >= 8, field.name
-        assert PlannerConfig.evidence(field.name) == f"docs/strategies.md#{anchor}"
+    names = [field.name for field in dataclasses.fields(PlannerConfig)]
+    for name in names:
+        entry = re.search(rf"^ {{8}}{name}: (.*?)(?=^ {{8}}\w+: |^ {{4}}\S|\Z)", doc, re.M | re.S)
+        assert entry is not None and len(entry.group(1).split()) >= 10, name
+    assert sorted(EVIDENCE) == sorted(names)
+    assert all(re.fullmatch(r"docs/\w+\.md#[\w-]+", where) for where in EVIDENCE.values())
 
 
 def test_configured_replaces_and_restores():
@@ -40,26 +41,19 @@ def test_configured_replaces_and_restores():
             pass
 
 
-def test_the_chunk_target_comes_from_the_cache_unless_set():
-    default = PlannerConfig()
-    expected = max(2 * _config.l2_cache_bytes(), 8 * 2**20)
-    assert default.chunk_target() == expected
-    assert PlannerConfig(target_chunk_bytes=2**20).chunk_target() == 2**20
-    assert PlannerConfig(target_chunk_min_bytes=2**40).chunk_target() == 2**40
-
-
-def test_importing_the_package_reads_no_sysfs():
-    """The CPU's cache size is read when a chunk is first sized, not at import."""
+def test_planning_reads_no_sysfs():
+    """The chunk target is a fixed working set: nothing reads the CPU's cache size, at import
+    or when a chunk is sized."""
     code = textwrap.dedent(
         """
         import sys
         opened = []
         sys.addaudithook(lambda event, args: event == "open" and opened.append(str(args[0])))
-        import pymc_chunkpost
-        assert not [p for p in opened if p.startswith("/sys/devices/system/cpu/cpu0/cache")], opened
-        from pymc_chunkpost import _config
-        _config.current().chunk_target()
-        assert [p for p in opened if p.startswith("/sys/devices/system/cpu/cpu0/cache")], opened
+        import jax
+        import numpy as np
+        import pymc_chunkpost as pc
+        pc.plan(lambda x: [x * 2.0], [np.ones((2, 50, 3))], "cpu", memory_budget=2**30)
+        assert not [p for p in opened if p.startswith("/sys/devices/system/cpu/")], opened
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -9,6 +9,8 @@ turned off) compiles anew and gives pymc's outputs too.
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,12 @@ def _run(jax_fn, raw, **options):
     return outputs, plan
 
 
+def _as_in_a_new_process(monkeypatch):
+    """The store's process-wide flags as a new process has them, for this test only."""
+    monkeypatch.setattr(_executable_store, "_LOADER_BROKEN", False)
+    monkeypatch.setattr(_executable_store, "_LOADING_STOPPED", False)
+
+
 def _stored(cache):
     return sorted((cache / _executable_store.SUBFOLDER).glob("*.bin"))
 
@@ -58,7 +66,7 @@ def _loop(configure, loop):
 
 @pytest.mark.parametrize("progress", [False, True], ids=["quiet", "progress"])
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
-def test_a_second_run_loads_the_executable(cache, configure, loop, progress):
+def test_a_second_run_loads_the_executable(cache, monkeypatch, loop, progress, configure):
     _loop(configure, loop)
     model = models.data_regression(n_obs=500)
     jax_fn = models.jax_fn(model)
@@ -80,7 +88,7 @@ def test_a_second_run_loads_the_executable(cache, configure, loop, progress):
 
 
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
-def test_a_program_that_sorts_is_stored_and_loaded(cache, configure, loop):
+def test_a_program_that_sorts_is_stored_and_loaded(cache, monkeypatch, loop, configure):
     """XLA's CPU sort cannot be serialized once it has run (`_compat.unserializable_after_run`):
     such a step is serialized before its run, so that the next run loads it too (with the host
     loop's compiled fill, which does not sort, stored after the run)."""
@@ -156,7 +164,7 @@ def test_a_damaged_file_is_a_miss(cache):
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_the_folder_stays_within_its_bound(cache, configure):
+def test_the_folder_stays_within_its_bound(cache, monkeypatch, configure):
     model = models.transforms()
     jax_fn = models.jax_fn(model)
     _run(jax_fn, models.raw_draws(model, 2, 50))
@@ -194,7 +202,7 @@ def test_turned_off(monkeypatch, tmp_path, off):
 def test_a_loader_failure_deletes_the_file_and_stops_the_store(cache, monkeypatch):
     from jax.experimental import serialize_executable
 
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     model = models.transforms()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 2, 50)
@@ -225,7 +233,7 @@ def test_fixed_strategies_store_nothing(cache):
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA])
 @pytest.mark.parametrize("spec", [PartitionSpec("d"), PartitionSpec(None, "d")], ids=str)
-def test_sharded_draws_load_on_their_devices(cache, configure, loop, spec):
+def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec, configure):
     _loop(configure, loop)
     model = models.structured()
     jax_fn = models.jax_fn(model)
@@ -256,7 +264,34 @@ def test_sharded_draws_load_on_their_devices(cache, configure, loop, spec):
         assert out.sharding.is_equivalent_to(sharding, out.ndim)
 
 
-def test_programs_with_much_constant_data_are_not_stored(cache, configure):
+@pytest.mark.parametrize("n_devices", [2, 4])
+def test_a_program_with_nothing_to_compute_loads_on_its_own_device(cache, n_devices):
+    """Every output passed through: XLA compiles the program for one device, whatever
+    devices the draws are on, and it is loaded onto that device (`Portable.devices`)."""
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 1.0, shape=3)
+    jax_fn = models.jax_fn(model)
+    host = models.raw_draws(model, n_devices, 20)
+    mesh = Mesh(np.array(jax.devices()[:n_devices]), ("d",))
+    sharding = NamedSharding(mesh, PartitionSpec("d"))
+
+    def run():
+        clear_caches()
+        raw = [jax.device_put(jnp.asarray(x), sharding) for x in host]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+        _disk.wait()
+        return outputs, plan
+
+    _, first = run()
+    assert "loaded from disk" not in first.reason and _stored(cache)
+    outputs, plan = run()
+    assert plan.source == "cache" and "loaded from disk" in plan.reason
+    assert_same(outputs, reference(jax_fn, host))
+
+
+def test_programs_with_much_constant_data_are_not_stored(cache, monkeypatch, configure):
     configure(store_max_constant_bytes=1000)  # below the data's
     model = models.data_regression(n_obs=500)
     jax_fn = models.jax_fn(model)
@@ -291,7 +326,7 @@ def _on(device, raw):
     ],
 )
 def test_a_plan_compiled_for_one_device_moves_to_another(
-    compiles, configure, loop, progress, compiled_fill
+    compiles, monkeypatch, loop, progress, compiled_fill, configure
 ):
     _loop(configure, loop)
     if compiled_fill:
@@ -332,7 +367,7 @@ def test_an_executable_loaded_from_disk_moves_from_its_bytes(cache, compiles):
 
 @pytest.mark.parametrize("refused", ["relocate_fails", "loading_stopped"])
 def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch, refused):
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -364,7 +399,7 @@ def test_a_program_that_cannot_move_is_not_tried_again(compiles, monkeypatch):
     assert len(tries) == 1
 
 
-def test_programs_with_much_constant_data_are_not_moved(compiles, configure):
+def test_programs_with_much_constant_data_are_not_moved(compiles, monkeypatch, configure):
     """Nothing kept to move (a second copy of the model's data), as the store keeps none."""
     configure(store_max_constant_bytes=1000)  # below the data's
     model = models.data_regression(n_obs=500)
@@ -379,10 +414,11 @@ def test_programs_with_much_constant_data_are_not_moved(compiles, configure):
 
 
 def test_relocate_refuses_what_it_cannot_load():
-    code = _executable_store.Portable(b"not an executable", None, None)
+    code = _executable_store.Portable(b"not an executable", None, None, (0,))
     assert _executable_store.relocate(code, jax.devices()[0]) is None
 
 
+LOAD = _executable_store.load
 NOT_FOUND = "INTERNAL: Function iota_compare_fusion not found"
 
 
@@ -403,7 +439,7 @@ class _FailsToRun:
 def _stored_then_loaded_broken(monkeypatch, message: str = NOT_FOUND):
     """A first run compiles and stores; from then on, what the store loads fails at its first
     call with `message`. Returns the function, the draws and the first run's plan."""
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -420,15 +456,21 @@ def _stored_then_loaded_broken(monkeypatch, message: str = NOT_FOUND):
 
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
 def test_a_loaded_executable_that_fails_to_run_is_compiled_here(
-    cache, monkeypatch, configure, loop
+    cache, monkeypatch, loop, configure
 ):
-    """The draws are not lost to the store: the plan is compiled here and runs, and nothing
-    more is loaded (or stored) in this process."""
+    """The draws are not lost to the store: the plan is compiled here and runs, and is stored
+    in place of the entry that failed; nothing more is loaded in this process, and the next
+    process loads the replacement."""
     _loop(configure, loop)
     jax_fn, raw, first = _stored_then_loaded_broken(monkeypatch)
     assert first.loop is loop and _stored(cache)
-    with pytest.warns(RuntimeWarning, match="loaded from disk failed to run.*draws are intact"):
+    saved = []
+    save = _executable_store._save
+    monkeypatch.setattr(_executable_store, "_save", lambda *a: saved.append(a[0].path) or save(*a))
+    message = "loaded from disk failed to run.*compiled it here and stored it in place"
+    with pytest.warns(RuntimeWarning, match=message + ".*draws are intact"):
         outputs, plan = _run(jax_fn, raw)
+    assert saved and set(saved) <= set(_stored(cache))  # the entries that failed, rewritten
     assert plan.source == "retry" and "compiled here" in plan.reason
     assert (plan.strategy, plan.chunk_size, plan.loop) == (first.strategy, first.chunk_size, loop)
     assert_same(outputs, reference(jax_fn, raw))
@@ -439,6 +481,11 @@ def test_a_loaded_executable_that_fails_to_run_is_compiled_here(
     assert compiles[0] > 0 and "loaded from disk" not in plan.reason
     assert_same(same, reference(jax_fn, raw))
     assert_same(again, reference(jax_fn, raw))
+    monkeypatch.setattr(_executable_store, "load", LOAD)  # a new process: a loader that works
+    _as_in_a_new_process(monkeypatch)
+    replaced, plan = _run(jax_fn, raw)
+    assert plan.source == "cache" and "loaded from disk" in plan.reason
+    assert_same(replaced, reference(jax_fn, raw))
 
 
 def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
@@ -451,7 +498,7 @@ def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
 
     if jaxlib_version() > (0, 10):
         pytest.skip("later jaxlib serialize a loaded executable whole: nothing fails")
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     configure(vmap_temp_bytes=0)  # an XLA loop: its copy fails
     model = models.structured()
     jax_fn = models.jax_fn(model)
@@ -506,7 +553,7 @@ def test_a_loaded_executable_out_of_memory_is_the_memory_policys(cache, monkeypa
     with pytest.warns(RuntimeWarning, match="ran out of memory"):
         outputs, plan = _run(jax_fn, raw)
     assert plan.source == "retry" and plan.chunk_size < first.chunk_size
-    assert not _executable_store._LOADER_FAILED
+    assert not _executable_store.loading_stopped()
     assert_same(outputs, reference(jax_fn, raw))
 
 
@@ -525,3 +572,62 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     assert retries(Attempt(None, exe, tuned), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, exe, None), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, loaded, None), ValueError("not XLA's"))  # type: ignore[arg-type]
+
+
+# The folder is a trust boundary (`_disk.trusted`): an executable in it is code.
+
+
+def test_the_folder_and_its_files_are_private(cache):
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    _run(jax_fn, models.raw_draws(model, 2, 50))
+    folder = cache / _executable_store.SUBFOLDER
+    assert (folder.stat().st_mode & 0o777) == 0o700
+    assert _stored(cache) and all((f.stat().st_mode & 0o777) == 0o600 for f in _stored(cache))
+
+
+def _chown_to_someone_else(path):
+    if os.getuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    os.chown(path, 4321, -1)
+
+
+def _files(cache, change):
+    for f in _stored(cache):
+        change(f)
+
+
+@pytest.mark.parametrize(
+    "make_untrusted, why, replaced",
+    [
+        (lambda cache: cache.chmod(0o777), "can be written by others", False),
+        (lambda cache: (cache / "executables").chmod(0o770), "written by others", False),
+        (_chown_to_someone_else, "is not owned by you", False),
+        (lambda cache: _files(cache, _chown_to_someone_else), "not owned by you", True),
+        (lambda cache: _files(cache, lambda f: f.chmod(0o666)), "written by others", True),
+    ],
+    ids=["folder", "subfolder-group", "folder-owner", "file-owner", "file"],
+)
+def test_a_folder_or_file_others_can_write_is_refused(
+    cache, monkeypatch, make_untrusted, why, replaced
+):
+    """Nothing is loaded from it: one warning names it and the fix, and the run compiles and
+    gives pymc's outputs. A refused file is replaced by what is compiled in its place (the
+    folder is ours, and the file, written anew, too); a refused folder is never read again
+    in this process."""
+    monkeypatch.setattr(_disk, "_REFUSED", set())
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    _run(jax_fn, raw)
+    assert _stored(cache)
+    make_untrusted(cache)
+    with pytest.warns(RuntimeWarning, match=f"{why}.*chmod go-w.*PYMC_CHUNKPOST_CACHE_DIR"):
+        outputs, plan = _run(jax_fn, raw)
+    assert "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        again, plan = _run(jax_fn, raw)
+    assert ("loaded from disk" in plan.reason) is replaced
+    assert_same(again, reference(jax_fn, raw))

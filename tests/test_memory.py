@@ -79,7 +79,7 @@ def test_before_jax_starts_there_is_no_warning_and_jax_sees_it():
 
 
 def test_freed_heap_goes_back_to_the_os():
-    """What `compile_executable` calls after XLA's compiler has freed its working memory."""
+    """What `_executor.obtain` calls after XLA's compiler has freed its working memory."""
     import ctypes
     import ctypes.util
 

@@ -133,12 +133,12 @@ def test_default_budget_is_free_memory(monkeypatch, wide):
 def test_data_every_draw_reads_shrinks_the_chunk(wide, configure):
     """The data (`pm.Data` x, 2000 x 3) share the cache with the chunk: the CPU chunk aims at
     `target_chunk_bytes` less those bytes, keeping at least half the target."""
-    configure(target_chunk_bytes=4 * 2**20)  # any machine's L2
+    configure(target_chunk_bytes=4 * 2**20)
     model, jax_fn = wide
     raw = models.raw_draws(model, 4, 500)
     problem = problem_of(jax_fn, raw, jax.devices("cpu")[0])
     assert problem.shared_bytes >= 2000 * 3 * 8
-    target, per_item = current().chunk_target(), problem.per_item_bytes
+    target, per_item = current().target_chunk_bytes, problem.per_item_bytes
 
     def size(shared):
         changed = dataclasses.replace(problem, shared_bytes=shared)
