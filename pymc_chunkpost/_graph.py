@@ -131,8 +131,8 @@ class _Draw(Op):
         self.rv_op = rv_op
         self.next_key = bool(next_key)
 
-    def make_node(self, rng, size, *params):
-        rv_node = self.rv_op.make_node(rng, size, *params)
+    def make_node(self, *inputs):  # (rng, size, *params), as the random variable's
+        rv_node = self.rv_op.make_node(*inputs)
         return Apply(self, list(rv_node.inputs), [o.type() for o in rv_node.outputs])
 
     def infer_shape(self, *args):  # (fgraph, node, shapes) on pytensor 2, (node, shapes) on 3
@@ -320,7 +320,7 @@ def _replace_random_variables(fgraph: FunctionGraph) -> None:
     from pytensor.scan.op import Scan
     from pytensor.tensor.random.op import RandomVariable
 
-    replacements = []
+    replacements: list[tuple[Variable, Variable]] = []
     for node in fgraph.toposort():
         if isinstance(node.op, RandomVariable):
             next_key = bool(fgraph.clients[node.outputs[0]])

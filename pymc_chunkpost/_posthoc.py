@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from . import _postprocess
@@ -672,7 +671,7 @@ class _Writable:
         }
 
 
-def _host_array(output: jax.Array, inputs: Sequence[np.ndarray]) -> np.ndarray:
+def _host_array(output: Any, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """`output` as a writable numpy array, as pymc's are, without copying it when possible.
 
     On the CPU, `np.asarray` of a jax array is a read-only view of its buffer. The buffer
@@ -680,6 +679,8 @@ def _host_array(output: jax.Array, inputs: Sequence[np.ndarray]) -> np.ndarray:
     returned), so it is handed to numpy as writable. An output that passes an input through
     may share the caller's draws, so it is copied, as pymc's would be.
     """
+    if isinstance(output, np.ndarray):  # `output_memory="host"`: already a host array
+        return output if output.flags.writeable else np.array(output)
     view = np.asarray(output)
     if view.size == 0 or any(np.may_share_memory(view, x) for x in inputs):
         return np.array(view)
