@@ -68,6 +68,12 @@ def _as_declared(value: Any, dtype: str | None) -> Any:
 def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
     """pytensor's JAX function for `node`, its outputs cast to their declared dtypes."""
     function = jax_funcify(op, node=node, **kwargs)
+    if _updates_in_place(op):  # `x.at[...]`: the array updated must be a JAX array
+        update = function
+
+        def function(x, *args):
+            return update(jax.numpy.asarray(x) if isinstance(x, np.ndarray) else x, *args)
+
     dtypes = [getattr(output.type, "dtype", None) for output in node.outputs]
     if len(dtypes) == 1:
         (dtype,) = dtypes
@@ -81,6 +87,13 @@ def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
         return tuple(_as_declared(x, d) for x, d in zip(function(*args), dtypes, strict=True))
 
     return several
+
+
+def _updates_in_place(op: Any) -> bool:
+    from pytensor.tensor import subtensor
+
+    names = ("IncSubtensor", "AdvancedIncSubtensor", "AdvancedIncSubtensor1")  # 1: pytensor 2
+    return isinstance(op, tuple(getattr(subtensor, n) for n in names if hasattr(subtensor, n)))
 
 
 def funcify(fgraph: FunctionGraph) -> Callable:
@@ -222,6 +235,8 @@ def random_function(
         return reason
     _replace_random_variables(fgraph)
     (mode.JAX.optimizer.rewrite if rewrite is None else rewrite)(fgraph)
+    if _has_random(fgraph):  # every draw is ours, or pytensor's sampler would run
+        return "a random variable was left to pytensor's sampler"
     try:
         function = funcify(fgraph)
     except NotImplementedError as error:  # an Op with no JAX implementation
@@ -316,30 +331,35 @@ def _mutable_inner(op: Any) -> FunctionGraph:
 
 
 def _replace_random_variables(fgraph: FunctionGraph) -> None:
-    """Every random variable becomes a `_Draw`, in `Scan` bodies too (the Scan is rebuilt)."""
+    """Every random variable becomes a `_Draw`, in `Scan` bodies too (the Scan is rebuilt).
+
+    One node at a time, in order: a draw that takes the generator another one returned
+    must be built on that one's replacement.
+    """
     from pytensor.scan.op import Scan
     from pytensor.tensor.random.op import RandomVariable
 
-    replacements: list[tuple[Variable, Variable]] = []
-    for node in fgraph.toposort():
+    for node in list(fgraph.toposort()):
         if isinstance(node.op, RandomVariable):
             next_key = bool(fgraph.clients[node.outputs[0]])
             new = _Draw(node.op, next_key).make_node(*node.inputs)
-        elif isinstance(node.op, Scan) and _has_random(node.op):
+        elif isinstance(node.op, Scan) and _has_random(node.op, draws=True):
             new = _scan_with_draws(node.op).make_node(*node.inputs)
         else:
             continue
-        replacements.extend(zip(node.outputs, new.outputs))
-    fgraph.replace_all(replacements, import_missing=True)
+        fgraph.replace_all(list(zip(node.outputs, new.outputs)), import_missing=True)
 
 
-def _has_random(op: Any) -> bool:
+def _has_random(graph: Any, draws: bool = False) -> bool:
+    """Whether `graph` (a FunctionGraph, or an Op with an inner one) has a pytensor random
+    variable (or, with `draws`, a `_Draw`), in Scan bodies too."""
     from pytensor.scan.op import Scan
     from pytensor.tensor.random.op import RandomVariable
 
-    nodes = op.fgraph.apply_nodes
-    return any(isinstance(n.op, RandomVariable | _Draw) for n in nodes) or any(
-        isinstance(n.op, Scan) and _has_random(n.op) for n in nodes
+    kinds = (RandomVariable, _Draw) if draws else (RandomVariable,)
+    nodes = getattr(graph, "fgraph", graph).apply_nodes
+    return any(isinstance(n.op, kinds) for n in nodes) or any(
+        isinstance(n.op, Scan) and _has_random(n.op, draws) for n in nodes
     )
 
 

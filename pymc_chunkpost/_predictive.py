@@ -12,10 +12,11 @@ pymc's own rules (`_resolve_v5`, `_resolve_v6`). What the route cannot honour (a
 compile mode, a random variable with no sampler of ours, a `MultiTrace`) runs pymc's own
 function, with a one-line warning (a note in the log when `patch` routed the call).
 
-Keys: draw `i` (its index in the flattened sample dims) draws from `fold_in(key(seed), i)`,
-and random generator `j` of the graph from `fold_in(that, j)`, so the numbers depend on the
-seed and the draw alone, never on the strategy, the chunk size, the devices or where the
-outputs live. They differ from pymc's for the same seed (docs/predictive.md).
+Keys: random generator `j` of the graph, in draw `i` (its index in the flattened sample
+dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
+the numbers depend on the seed and the draw alone, never on the strategy, the chunk size, the
+devices or where the outputs live, and no two draws share a stream. They differ from pymc's
+for the same seed (docs/predictive.md).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def sample_posterior_predictive(
     result (groups, names, dims, coords, dtypes and attrs; pymc 6: a `DataTree`, pymc 5: an
     `InferenceData`, or a dict of arrays with `return_inferencedata=False`). The draws come
     from the same distribution as pymc's, but not the same numbers for the same seed: draw
-    `i` uses the JAX key `fold_in(key(random_seed), i)`, so the result does not depend on
+    `i` draws from JAX keys made of the seed and `i` alone, so the result does not depend on
     the strategy, the chunk size, the devices, or where the outputs live.
 
     Args:
@@ -634,33 +635,41 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
         return graph
     names = [v.name for v in forward.inputs]
     built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
-    key_spec = jax.ShapeDtypeStruct((_key_size(impl) + 1,), np.uint32)
+    key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
     specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
     try:
         jax.eval_shape(built.fn, key_spec, *specs)
     except jax.errors.ConcretizationTypeError as error:
         return f"a random variable's size is not static: {str(error).splitlines()[0]}"
+    except NotImplementedError as error:  # e.g. JAX's Poisson under another PRNG than threefry
+        return f"no JAX implementation: {str(error).splitlines()[0]}"
     _GRAPHS.put(model, key, built)
     return built
 
 
 def _per_draw(graph: RandomFunction, impl: str) -> Callable:
-    """`graph.fn` for draw `i`, from `[*key_data(key(seed)), i]`: generator `j` of the graph
-    draws from `fold_in(key(seed), i * n_generators + j)`, all of them one hash (vectorised)."""
+    """`graph.fn` for draw `i`, from `[seed, i]`: generator `j` of the graph draws from the
+    key of the 64-bit seed `seed * 2**32 + i * n_generators + j`.
+
+    For threefry (JAX's default) that key is the pair of words `[seed, i * n + j]`, built
+    here without a hash (as `jax.random.key` builds it: one threefry hash less for XLA to
+    compile per program); for other implementations, `fold_in(key(seed), i * n + j)`.
+    """
     fn, n = graph.fn, graph.n_generators
-    fold_in = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
+    offsets = np.arange(n, dtype=np.uint32)
+
+    def keys_of(seed_and_index):
+        counters = seed_and_index[1] * np.uint32(n) + offsets
+        if impl == "threefry2x32":
+            words = jax.numpy.stack([jax.numpy.broadcast_to(seed_and_index[0], (n,)), counters])
+            return jax.random.wrap_key_data(words.T, impl=impl)
+        base = jax.random.key(seed_and_index[0], impl=impl)
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, counters)
 
     def per_draw(seed_and_index, *values):
-        base = jax.random.wrap_key_data(seed_and_index[:-1], impl=impl)
-        first = seed_and_index[-1] * np.uint32(n)
-        keys = fold_in(base, first + np.arange(n, dtype=np.uint32)) if n else None
-        return fn(keys, *values)
+        return fn(keys_of(seed_and_index) if n else None, *values)
 
     return per_draw
-
-
-def _key_size(impl: str) -> int:
-    return int(np.prod(jax.random.key_data(jax.random.key(0, impl=impl)).shape))
 
 
 def _checked_shape(var: Any, read: _Trace, model: Any) -> tuple[int, ...]:
@@ -681,10 +690,11 @@ def _checked_shape(var: Any, read: _Trace, model: Any) -> tuple[int, ...]:
 
 
 def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> np.ndarray:
-    """`[*key_data(key(seed)), i]` for every draw `i`, of shape `lead + (key size + 1,)`.
+    """`[seed, i]` for every draw `i` (its index in the flattened sample dims), of shape
+    `lead + (2,)`: the per-draw input from which `_per_draw` makes the draw's keys.
 
     The seed is pymc's (`_get_seeds_per_chain(random_seed, 1)`, which also takes numpy
-    generators); None draws one from the operating system.
+    generators), taken modulo 2**32; None draws one from the operating system.
     """
     from pymc.util import _get_seeds_per_chain
 
@@ -693,16 +703,14 @@ def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> n
     else:
         (seed,) = _get_seeds_per_chain(random_seed, 1)
     n_draws = lead[0] * lead[1]
-    if n_draws * max(built.n_generators, 1) >= 2**32:
+    if n_draws * max(built.n_generators, 1) > 2**32:
         raise ValueError(
             f"{n_draws} draws of {built.n_generators} random generators need more than 2**32 "
             "keys: pass fewer draws per call."
         )
-    key = jax.random.key(int(seed), impl=built.impl)
-    key_data = np.asarray(jax.random.key_data(key), np.uint32)
-    out = np.empty(lead + (key_data.size + 1,), np.uint32)
-    out[..., :-1] = key_data.reshape(-1)
-    out[..., -1] = np.arange(n_draws, dtype=np.uint32).reshape(lead)
+    out = np.empty(lead + (2,), np.uint32)
+    out[..., 0] = int(seed) % 2**32
+    out[..., 1] = np.arange(n_draws, dtype=np.uint32).reshape(lead)
     return out
 
 

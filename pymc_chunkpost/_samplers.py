@@ -311,7 +311,7 @@ def _multinomial(key, shape, dtype, n, p):
     p = jnp.broadcast_to(p, tuple(shape) + p.shape[-1:])
     n = jnp.broadcast_to(n, shape)
     float_type = jnp.result_type(p.dtype, jnp.float32)
-    draw = jax.random.multinomial(key, n.astype(float_type), p.astype(float_type), shape=p.shape)
+    draw = jax.random.multinomial(key, n.astype(float_type), p.astype(float_type))  # p.shape
     return draw.astype(dtype)
 
 

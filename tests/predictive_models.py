@@ -170,7 +170,9 @@ def various() -> pm.Model:
         )
         pm.Wald("wald", mu=pm.math.exp(mu), lam=2.0 * sigma, observed=rng.uniform(1, 2, 4))
         pm.SkewNormal("skew", mu=mu, sigma=sigma, alpha=3.0, observed=rng.normal(size=4))
-        pm.Triangular("triangular", lower=-1.0, c=mu, upper=1.0, observed=np.zeros(4))
+        pm.Triangular(
+            "triangular", lower=-1.0, c=0.8 * pm.math.tanh(mu), upper=1.0, observed=np.zeros(4)
+        )
         pm.Moyal("moyal", mu, sigma, observed=rng.normal(size=4))
         pm.Rice("rice", nu=pm.math.abs(mu) + 0.5, sigma=sigma, observed=rng.uniform(1, 2, 4))
         pm.DiscreteUniform("discrete_uniform", lower=-2, upper=3, observed=np.zeros(4, int))
