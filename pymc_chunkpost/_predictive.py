@@ -164,12 +164,12 @@ def _sample(arguments: dict[str, Any]) -> Any:
     forward = (_resolve_v6 if _pymc6() else _resolve_v5)(model, pymc_args, read)
     if not forward.names:
         return _empty(pymc_args, read)
+    built = _build(model, forward, read) if forward.outputs else None
+    if isinstance(built, str):
+        return _fall_back(built, trace, pymc_args)  # which logs what it samples
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
     values: dict[str, np.ndarray] = {}
-    if forward.outputs:
-        built = _build(model, forward, read)
-        if isinstance(built, str):
-            return _fall_back(built, trace, pymc_args)
+    if built is not None:
         values = _evaluate(built, forward, read, pymc_args.get("random_seed"), ours)
     for name in forward.copied:
         values[name] = np.array(read.values(name))

@@ -8,7 +8,7 @@ batch shape of the draw, `params` the distribution's parameters as pytensor give
 an array of shape `batch_shape + support shape`.
 
 Each one draws from the law that the class's own `rng_fn` draws from (the same parameters,
-the same support), checked against it by two-sample tests in `tests/test_predictive.py`.
+the same support), checked against it by two-sample tests in `tests/test_samplers.py`.
 The table is ours: pytensor's global JAX dispatch is never changed, so other users of
 pytensor keep its samplers (including its Categorical, which draws from
 `softmax(logit(p))` instead of `p` up to pytensor 3.3.8).
@@ -40,8 +40,7 @@ def _log_gamma(key, alpha, shape, dtype):
     accepted (each round accepts 95-99% of what is left); `alpha < 1` is boosted to
     `alpha + 1` and scaled by `U^(1/alpha)`, in log space, so that small shapes underflow
     neither here nor in the ratios built on it (beta, Dirichlet). JAX's own gamma runs a
-    loop per element on the CPU: 5x slower to run and 2x slower to compile
-    (docs/predictive.md).
+    loop per element on the CPU, slower to run and to compile (docs/predictive.md).
     """
     alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype), shape)
     boost = alpha < 1
