@@ -677,12 +677,17 @@ def _map(
         jax.ShapeDtypeStruct(tuple(x.shape[2:]), jax.dtypes.canonicalize_dtype(x.dtype))
         for x in inputs
     ]
-    traced = _trace(owner, per_draw, specs, options.exact)
+    traced, small = _trace(owner, per_draw, specs, options.exact)
     if not traced.names:  # numpyro returns an empty dict; nothing to run
         return {}, None
+    lead = tuple(inputs[0].shape[:2])
+    # Each small constant as a value per draw: draws x its bytes (`SMALL_CONSTANT_BYTES`).
+    per_draw_small = [
+        _place_like(np.broadcast_to(np.asarray(c), lead + np.shape(c)), inputs[0]) for c in small
+    ]
     outputs, plan = _postprocess.run(
         traced.jax_fn,
-        [inputs[i] for i in traced.used],
+        [inputs[i] for i in traced.used] + per_draw_small,
         None,
         options.postprocessing_vectorize,
         False,
@@ -700,9 +705,19 @@ def _map(
 
 def _trace(
     owner: Callable, per_draw: Callable, specs: list[jax.ShapeDtypeStruct], exact: bool
-) -> _Traced:
-    """Trace one draw of `per_draw`, and the engine's function for it: the one made for the
-    same program and data before, so that the engine's compiled executables are reused."""
+) -> tuple[_Traced, list[Any]]:
+    """Trace one draw of `per_draw`: the engine's function for it (the one made for the same
+    program and data before, so that the engine's compiled executables are reused), and the
+    program's small constants, which that function takes as per-draw inputs.
+
+    In numpyro's `lax.map` the model's data are operands of the loop: parameters of the
+    compiled program. Here a constant of up to `SMALL_CONSTANT_BYTES` (a distribution's
+    scale, eight schools' `sigma`, a guide's scalar params) is a per-draw input, a parameter
+    too; a larger one (a design matrix) stays a constant of the program, behind an
+    optimization barrier (`_engine_function`), and in the cache key by content. As a
+    constant, XLA folds what reads only it, and sinks it into the loop, where its rewrites
+    of `(a * b) * broadcast(c)` round apart from numpyro's (docs/numpyro.md).
+    """
     closed, out_shape = jax.make_jaxpr(per_draw, return_shape=True)(*specs)
     names = tuple(sorted(out_shape))
     jaxpr = closed.jaxpr
@@ -711,40 +726,57 @@ def _trace(
     used = tuple(i for i, v in enumerate(jaxpr.invars) if id(v) in read) or (0,)
     inputs = {id(v) for v in jaxpr.invars}
     forwarded = tuple(not isinstance(v, Literal) and id(v) in inputs for v in jaxpr.outvars)
-    data = tuple(_fingerprint(c) for c in closed.consts)
-    key = (str(jaxpr), names, used, data, exact)
+    consts = list(closed.consts)
+    small = tuple(i for i, c in enumerate(consts) if _is_small(c))
+    data = tuple(_fingerprint(c) for i, c in enumerate(consts) if i not in small)
+    key = (str(jaxpr), names, used, small, data, exact)
     owner = getattr(owner, "__func__", owner)  # a bound method: its function lives on
     traced = _FUNCTIONS.get(owner, key)
     if traced is None:
-        jax_fn = _engine_function(closed, used)
+        jax_fn = _engine_function(closed, used, small)
         if exact:
             jax_fn = _one_draw_at_a_time(jax_fn)
         traced = _Traced(jax_fn, names, used, forwarded)
         _FUNCTIONS.put(owner, key, traced)
-    return traced
+    return traced, [consts[i] for i in small]
 
 
-def _engine_function(closed: Any, used: tuple[int, ...]) -> Callable:
-    """The traced program as the engine's per-draw function of the inputs at `used`.
+#: Constants of at most this many bytes enter as per-draw inputs (`_trace`): each costs
+#: draws x its bytes (4,000 draws x 256 B = 1 MiB at most), a small share of any output.
+SMALL_CONSTANT_BYTES = 256
 
-    Invariant: the program's constants (the model's data) reach XLA behind an optimization
-    barrier, as run-time values, so that no data-only operation is folded at compile time
-    (the module docstring). Unused inputs are zeros that XLA removes.
+
+def _is_small(value: Any) -> bool:
+    return not _is_key(value) and math.prod(np.shape(value)) * value.dtype.itemsize <= (
+        SMALL_CONSTANT_BYTES
+    )
+
+
+def _engine_function(closed: Any, used: tuple[int, ...], small: tuple[int, ...]) -> Callable:
+    """The traced program as the engine's per-draw function of the inputs at `used`, then
+    of one per-draw input for each constant at `small`.
+
+    Invariant: the program's other constants (the model's data) reach XLA behind an
+    optimization barrier, so that no operation that reads only them is folded at compile
+    time, with other math than the compiled kernels' (the module docstring). Unused inputs
+    are zeros that XLA removes. The function holds no small constant: they come each call.
     """
     jaxpr = closed.jaxpr
-    consts = list(closed.consts)
-    barred = [i for i, c in enumerate(consts) if not _is_key(c)]
+    held = [None if i in small else c for i, c in enumerate(closed.consts)]
+    barred = [i for i, c in enumerate(held) if c is not None and not _is_key(c)]
     avals = [v.aval for v in jaxpr.invars]
 
     def jax_fn(*inputs: Any) -> list[Any]:
-        held = list(consts)
+        consts = list(held)
         if barred:
-            for i, c in zip(barred, lax.optimization_barrier([consts[i] for i in barred])):
-                held[i] = c
+            for i, c in zip(barred, lax.optimization_barrier([held[i] for i in barred])):
+                consts[i] = c
+        for i, x in zip(small, inputs[len(used) :]):
+            consts[i] = x
         args: list[Any] = [jnp.zeros(a.shape, a.dtype) for a in avals]
         for i, x in zip(used, inputs):
             args[i] = x
-        return jax.core.eval_jaxpr(jaxpr, held, *args)
+        return jax.core.eval_jaxpr(jaxpr, consts, *args)
 
     return jax_fn
 
