@@ -806,6 +806,8 @@ def _one_draw_at_a_time(fn: Callable) -> Callable:
         if not mapped:  # nothing varies over the draws: one draw's outputs, broadcast
             outputs = per_draw(*inputs)
             outputs = [jnp.broadcast_to(y, (axis_size, *jnp.shape(y))) for y in outputs]
+        elif axis_size == 1:  # one draw (one chain of many draws): no loop to compile
+            outputs = [y[None] for y in one(tuple(x[0] for x in mapped))]
         else:
             outputs = lax.map(one, mapped)
         return outputs, [True] * len(outputs)
