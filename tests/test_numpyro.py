@@ -441,3 +441,29 @@ def test_exact_false_vectorises_and_may_round_apart(posteriors, name):
     assert_identical(Predictive(model, draws, **options)(KEY, *args), theirs)
     vectorised = Predictive(model, draws, exact=False, **options)(KEY, *args)
     np.testing.assert_allclose(vectorised["y"], theirs["y"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(jax.devices()) < 2, reason="needs 2 devices")
+def test_parallel_chains_from_mcmc_stay_on_their_devices():
+    """`chain_method="parallel"` leaves each chain on its own device: the predictions are
+    computed there, stay split as the draws are, and equal numpyro's."""
+    from numpyro.infer import MCMC, NUTS
+
+    model, (x,) = MODELS["deterministic_sites"]
+    mcmc = MCMC(
+        NUTS(model),
+        num_warmup=20,
+        num_samples=DRAWS,
+        num_chains=2,
+        chain_method="parallel",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(0), x, 0.5 + 2.0 * x)
+    for batch_ndims, draws in ((2, mcmc.get_samples(group_by_chain=True)), (1, mcmc.get_samples())):
+        assert len(draws["a"].sharding.device_set) == 2
+        predictive = Predictive(model, draws, batch_ndims=batch_ndims)
+        ours = predictive(KEY, x)
+        assert predictive.plan.n_devices == 2
+        assert len(ours["y"].sharding.device_set) == 2
+        assert_identical(ours, NumpyroPredictive(model, draws, batch_ndims=batch_ndims)(KEY, x))
