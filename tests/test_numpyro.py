@@ -50,7 +50,7 @@ def posteriors():
     def get(name):
         if name not in cache:
             model, args = MODELS[name]
-            prior = NumpyroPredictive(model, num_samples=CHAINS * DRAWS, parallel=True)(
+            prior = NumpyroPredictive(model, num_samples=CHAINS * DRAWS)(
                 jax.random.PRNGKey(1), *args
             )
             sites = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(*args)
