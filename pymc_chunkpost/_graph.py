@@ -19,6 +19,7 @@ Two guarantees that pytensor's own JAX conversion does not give:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,6 @@ import numpy as np
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import Op
-from pytensor.link.jax.dispatch import jax_funcify, jax_typify
 
 from ._samplers import sampler_for
 
@@ -35,6 +35,17 @@ __all__ = ["jax_graph", "jaxify", "funcify", "random_function", "RandomFunction"
 
 
 # --- strict conversion --------------------------------------------------------------------
+
+
+@functools.cache
+def _dispatch() -> Any:
+    """pytensor's JAX dispatch module, imported on first use, with `_Draw`'s conversion
+    registered: importing it imports numpyro where that is installed, which
+    `import pymc_chunkpost` must not."""
+    from pytensor.link.jax import dispatch
+
+    dispatch.jax_funcify.register(_Draw)(_jax_draw)
+    return dispatch
 
 
 def _typify(data: Any, variable: Any = None, **kwargs: Any) -> Any:
@@ -49,7 +60,7 @@ def _typify(data: Any, variable: Any = None, **kwargs: Any) -> Any:
         if dtype is None:
             return data
         return np.dtype(dtype).type(data) if data.ndim == 0 else np.asarray(data, dtype=dtype)
-    return jax_typify(data)
+    return _dispatch().jax_typify(data)
 
 
 def _as_declared(value: Any, dtype: str | None) -> Any:
@@ -67,7 +78,7 @@ def _as_declared(value: Any, dtype: str | None) -> Any:
 
 def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
     """pytensor's JAX function for `node`, its outputs cast to their declared dtypes."""
-    function = jax_funcify(op, node=node, **kwargs)
+    function = _dispatch().jax_funcify(op, node=node, **kwargs)
     if _updates_in_place(op):  # `x.at[...]`: the array updated must be a JAX array
         update = function
 
@@ -155,7 +166,6 @@ class _Draw(Op):
         raise NotImplementedError("`_Draw` runs in JAX only (pymc_chunkpost's random graphs).")
 
 
-@jax_funcify.register(_Draw)
 def _jax_draw(op: _Draw, node: Apply, **kwargs: Any) -> Callable:
     sample = sampler_for(op.rv_op)
     assert sample is not None  # `_unsupported` refused the graph otherwise
