@@ -74,7 +74,11 @@ def build(case: str):
             "z": (("chain", "draw", "school"), rng.normal(size=(*shape, 8))),
         }
         return model, xr.Dataset(post, coords=sample | {"school": np.arange(8)})
-    n_rows, n_groups = {"hier_2k": (2_000, 40), "hier_30k": (30_000, 200)}[case]
+    n_rows, n_groups = {
+        "hier_2k": (2_000, 40),
+        "hier_20k": (20_000, 200),
+        "hier_30k": (30_000, 200),
+    }[case]
     group = rng.integers(0, n_groups, size=n_rows)
     x = rng.normal(size=n_rows)
     coords = {"group": np.arange(n_groups), "row": np.arange(n_rows)}

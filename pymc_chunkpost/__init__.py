@@ -12,6 +12,7 @@ from ._posthoc import compute_log_likelihood as compute_log_likelihood
 from ._posthoc import compute_log_prior as compute_log_prior
 from ._postprocess import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
+from ._predictive import sample_posterior_predictive as sample_posterior_predictive
 from ._strategies import STRATEGIES as STRATEGIES
 from ._types import Loop as Loop
 from ._types import Plan as Plan

@@ -118,7 +118,7 @@ _lock = threading.Lock()
 _originals: dict[str, Any] | None = None  # pymc's objects while patched, else None
 
 
-def patch() -> None:
+def patch(*, posterior_predictive: bool = False) -> None:
     """Make PyMC's JAX samplers post-process their draws with `pymc_chunkpost`.
 
     Afterwards `pm.sample(nuts_sampler="numpyro" | "blackjax", ...)`,
@@ -154,7 +154,13 @@ def patch() -> None:
     arguments (`postprocessing_vectorize`, `chunk_size`, ...). A non-JAX `backend=` or
     `compile_kwargs` runs pymc's own function, with a warning.
 
-    Calling `patch()` again does nothing.
+    With `posterior_predictive=True` it also routes `pm.sample_posterior_predictive` to
+    `pymc_chunkpost.sample_posterior_predictive` (same arguments and structure, our options as
+    keywords): only when asked, as its numbers for a seed differ from pymc's (docs/predictive.md).
+    Calling `patch()` again does nothing (with `posterior_predictive=True`, it adds that route).
+
+    Args:
+        posterior_predictive: also route `pm.sample_posterior_predictive`.
 
     Raises:
         RuntimeError: pymc's `_postprocess_samples` or `sample_jax_nuts` has a signature the
@@ -165,6 +171,8 @@ def patch() -> None:
 
     with _lock:
         if _originals is not None:
+            if posterior_predictive:
+                _patch_predictive()
             return
         originals = {name: getattr(pymc_jax, name) for name in _TARGETS}
         _check_pymc(pymc_jax)
@@ -179,10 +187,13 @@ def patch() -> None:
             for name, value in replacements.items():
                 setattr(pymc_jax, name, value)
             _patch_posthoc()  # the post-hoc route (see the block at the end of this module)
+            if posterior_predictive:
+                _patch_predictive()
         except BaseException:
             for name, value in originals.items():
                 setattr(pymc_jax, name, value)
             _unpatch_posthoc()
+            _unpatch_predictive()
             raise
         _originals = originals
 
@@ -201,6 +212,7 @@ def unpatch() -> None:
         for name, value in _originals.items():
             setattr(pymc_jax, name, value)
         _unpatch_posthoc()
+        _unpatch_predictive()
         _originals = None
 
 
@@ -210,22 +222,28 @@ def is_patched() -> bool:
 
 
 @contextlib.contextmanager
-def patched() -> Iterator[None]:
+def patched(*, posterior_predictive: bool = False) -> Iterator[None]:
     """`patch` for the body of a `with` block; the previous state returns on exit.
 
     PyMC is restored even when the body raises. If pymc was already patched on entry, it
-    stays patched.
+    stays patched (the predictive route as it was).
+
+    Args:
+        posterior_predictive: as in `patch`.
 
     Raises:
         RuntimeError: as `patch`.
     """
-    was_patched = is_patched()
-    patch()
+    was_patched, had_predictive = is_patched(), bool(_predictive_originals)
+    patch(posterior_predictive=posterior_predictive)
     try:
         yield
     finally:
         if not was_patched:
             unpatch()
+        elif not had_predictive:
+            with _lock:
+                _unpatch_predictive()
 
 
 def _check_pymc(pymc_jax) -> None:
@@ -501,3 +519,63 @@ def _make_posthoc(original: Callable, ours: Callable) -> Callable:
     )
     setattr(replacement, ORIGINAL_ATTRIBUTE, original)
     return replacement
+
+
+# --- The predictive route, only when asked: pm.sample_posterior_predictive routed to
+# `pymc_chunkpost._predictive`. ------------------------------------------------------------
+
+#: Every place pymc exposes `sample_posterior_predictive`, as (module, attribute).
+PREDICTIVE_TARGETS: tuple[tuple[str, str], ...] = (
+    ("pymc", "sample_posterior_predictive"),
+    ("pymc.sampling", "sample_posterior_predictive"),
+    ("pymc.sampling.forward", "sample_posterior_predictive"),
+)
+_predictive_originals: dict[tuple[str, str], Any] = {}  # what was replaced, while patched
+
+
+def _patch_predictive() -> None:
+    """Replace pymc's `sample_posterior_predictive` where it is the very object pymc defines."""
+    import importlib
+
+    from . import _predictive
+
+    original = _predictive._pymc_function()
+    replacement = _make_predictive(original, _predictive)
+    for module_name, name in PREDICTIVE_TARGETS:
+        module = importlib.import_module(module_name)
+        if vars(module).get(name) is original:
+            _predictive_originals[(module_name, name)] = original
+            setattr(module, name, replacement)
+
+
+def _unpatch_predictive() -> None:
+    import importlib
+
+    for (module_name, name), original in list(_predictive_originals.items()):
+        setattr(importlib.import_module(module_name), name, original)
+        del _predictive_originals[(module_name, name)]
+
+
+def _make_predictive(original: Callable, predictive: Any) -> Callable:
+    """pymc's signature (pymc 5 takes its arguments positionally too) and our options."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def sample_posterior_predictive(*args, **kwargs):
+        ours = {k: kwargs.pop(k) for k in predictive._OPTIONS if k in kwargs}
+        bound = signature.bind(*args, **kwargs)
+        token = predictive.ROUTED.set(True)
+        try:
+            return predictive.sample_posterior_predictive(**bound.arguments, **ours)
+        finally:
+            predictive.ROUTED.reset(token)
+
+    sample_posterior_predictive.__doc__ = (
+        "pymc's `sample_posterior_predictive`, routed by `pymc_chunkpost.patch("
+        "posterior_predictive=True)` to `pymc_chunkpost.sample_posterior_predictive`, which "
+        "takes the same arguments and returns the same structure (the same distribution, "
+        "not pymc's numbers for a seed).\n\n"
+        + (predictive.sample_posterior_predictive.__doc__ or "")
+    )
+    vars(sample_posterior_predictive)["_pymc_chunkpost_original"] = original
+    return sample_posterior_predictive

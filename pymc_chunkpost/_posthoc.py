@@ -20,11 +20,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from . import _postprocess
 from ._cache import FunctionCache
+from ._graph import jaxify
 from ._memory import resolve_device
 from ._options import check_options
 
@@ -639,33 +639,8 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     check_bounds = bool(getattr(model, "check_bounds", True))
     rewrite = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
     in2out(rewrite).rewrite(fgraph)
-    jax_fn = _jaxified_graph(roots, list(fgraph.outputs))
+    jax_fn = jaxify(roots, list(fgraph.outputs))
     return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
-
-
-def _jaxified_graph(inputs: list, outputs: list) -> Callable:
-    """`pymc.sampling.jax.get_jaxified_graph`, with the graph's array constants kept as numpy.
-
-    pytensor turns each constant into a JAX array with `jnp.array`, which on jax 0.12 compiles
-    one small program per new shape and dtype (docs/posthoc.md). As numpy arrays they become
-    the same constants of the traced program, without those compiles.
-    """
-    from pymc.sampling.jax import _replace_shared_variables
-    from pytensor.compile import mode
-    from pytensor.graph.fg import FunctionGraph
-    from pytensor.link.jax.dispatch import jax_funcify, jax_typify
-    from pytensor.link.utils import fgraph_to_python
-
-    def typify(data, dtype=None, **kwargs):
-        if isinstance(data, np.ndarray) and data.ndim > 0:
-            return data if dtype is None else np.asarray(data, dtype=dtype)
-        return jax_typify(data, dtype=dtype, **kwargs)
-
-    fgraph = FunctionGraph(inputs=inputs, outputs=_replace_shared_variables(outputs), clone=True)
-    mode.JAX.optimizer.rewrite(fgraph)
-    return fgraph_to_python(
-        fgraph, jax_funcify, type_conversion_fn=typify, fgraph_name="jax_funcified_fgraph"
-    )
 
 
 def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any]) -> list[np.ndarray]:
@@ -694,7 +669,7 @@ class _Writable:
         }
 
 
-def _host_array(output: jax.Array, inputs: Sequence[np.ndarray]) -> np.ndarray:
+def _host_array(output: Any, inputs: Sequence[np.ndarray]) -> np.ndarray:
     """`output` as a writable numpy array, as pymc's are, without copying it when possible.
 
     On the CPU, `np.asarray` of a jax array is a read-only view of its buffer. The buffer
@@ -702,6 +677,8 @@ def _host_array(output: jax.Array, inputs: Sequence[np.ndarray]) -> np.ndarray:
     returned), so it is handed to numpy as writable. An output that passes an input through
     may share the caller's draws, so it is copied, as pymc's would be.
     """
+    if isinstance(output, np.ndarray):  # `output_memory="host"`: already a host array
+        return output if output.flags.writeable else np.array(output)
     view = np.asarray(output)
     if view.size == 0 or any(np.may_share_memory(view, x) for x in inputs):
         return np.array(view)

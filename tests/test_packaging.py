@@ -86,8 +86,9 @@ def test_version_comes_from_the_metadata():
 #: The package's layers, top to bottom: a module imports only from its own layer or below
 #: (docs/architecture.md). Modules of one layer may import each other, without cycles.
 LAYERS = [
-    ("face", {"__init__", "cli", "profiling"}),
-    ("routes", {"_patch", "_posthoc", "_graph", "_predictive", "numpyro"}),
+    ("face", {"__init__", "cli", "profiling", "numpyro"}),
+    ("routes", {"_patch", "_posthoc", "_predictive", "_numpyro"}),
+    ("graph", {"_graph", "_samplers"}),
     ("entry", {"_postprocess", "_options"}),
     ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
     ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),

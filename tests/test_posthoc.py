@@ -76,7 +76,6 @@ MODELS = {
     "eight_schools": eight_schools,
 }
 OBSERVED = [name for name in MODELS if name != "structured"]
-JAX_BETALN = ("structured", "mvnormal")  # LKJCholeskyCov priors
 JAX_MODE = {"backend": "jax"} if PYMC6 else {"compile_kwargs": {"mode": "JAX"}}
 
 
@@ -184,17 +183,12 @@ def test_log_likelihood_equals_pymc(model_and_posterior, runs, name, extend):
 @pytest.mark.parametrize("extend", [True, False])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_log_prior_equals_pymc(model_and_posterior, runs, name, extend):
+    """Within 1e-12 of pymc's default backend, LKJCholeskyCov priors included: pytensor's own
+    JAX conversion computes their `sd_dist` term in float32 (1e-6 relative off); ours keeps
+    every node in its declared dtype (`_graph`)."""
     model, post = model_and_posterior(name)
     kwargs = dict(model=model, extend_inferencedata=extend, progressbar=False)
     theirs = PYMC["compute_log_prior"](idata_of(post), **kwargs)
-    if name in JAX_BETALN:
-        # JAX's `betaln` (in the LKJ prior's normalising constant) is accurate to ~1e-7
-        # relative, so pymc's own JAX backend differs from its default backend there;
-        # the route equals pymc's JAX backend.
-        default = as_dataset(theirs["log_prior"] if extend else theirs)
-        theirs = PYMC["compute_log_prior"](idata_of(post), **kwargs, **JAX_MODE)
-        jax_values = as_dataset(theirs["log_prior"] if extend else theirs)
-        np.testing.assert_allclose(jax_values["chol"], default["chol"], rtol=1e-5)
     ours = OURS["compute_log_prior"](idata_of(post), **kwargs)
     assert len(runs) == 1
     if extend:

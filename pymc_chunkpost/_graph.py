@@ -1,0 +1,390 @@
+"""pytensor -> JAX, shared by the pymc routes.
+
+Two guarantees that pytensor's own JAX conversion does not give:
+
+- **Every node keeps pytensor's declared dtype.** pytensor turns each 0-d constant into a
+  Python scalar, which JAX types weakly: a weak float64 that meets a float32 value becomes
+  float32 (in `LKJCholeskyCov`'s `sd_dist` log-density, a `Switch` between a computed float64
+  and a float32 `-inf` is computed in float32). Here 0-d constants are numpy scalars of their
+  declared dtype (strongly typed, and still concrete where JAX needs a static value), and
+  each node's outputs are cast to their declared dtype where JAX gave another one or a weak
+  type. Graphs nested inside an Op (a `Scan`'s body, a `Composite`) are converted by pytensor;
+  their outputs are cast like any other node's.
+- **Random variables are drawn by our samplers** (`_samplers.SAMPLERS`), from keys passed in
+  as inputs: every random variable becomes a `_Draw` node, an Op of ours with its own JAX
+  conversion. pytensor's global dispatch is not changed: other graphs keep pytensor's
+  samplers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from pytensor.graph.basic import Apply, Constant, Variable
+from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.op import Op
+
+from ._samplers import sampler_for
+
+__all__ = ["jax_graph", "jaxify", "funcify", "random_function", "RandomFunction"]
+
+
+# --- strict conversion --------------------------------------------------------------------
+
+
+@functools.cache
+def _dispatch() -> Any:
+    """pytensor's JAX dispatch module, imported on first use, with `_Draw`'s conversion
+    registered: importing it imports numpyro where that is installed, which
+    `import pymc_chunkpost` must not."""
+    from pytensor.link.jax import dispatch
+
+    dispatch.jax_funcify.register(_Draw)(_jax_draw)
+    return dispatch
+
+
+def _typify(data: Any, variable: Any = None, **kwargs: Any) -> Any:
+    """A constant's value for the JAX function: arrays stay numpy, of their declared dtype.
+
+    numpy values are constants of the traced program (pytensor's `jnp.array` would compile
+    one small program per new shape and dtype on jax 0.12), and a 0-d one is a numpy scalar,
+    which JAX types strongly, where pytensor's Python scalar is typed weakly.
+    """
+    dtype = getattr(getattr(variable, "type", None), "dtype", None)
+    if isinstance(data, np.ndarray):
+        if dtype is None:
+            return data
+        return np.dtype(dtype).type(data) if data.ndim == 0 else np.asarray(data, dtype=dtype)
+    return _dispatch().jax_typify(data)
+
+
+def _as_declared(value: Any, dtype: str | None) -> Any:
+    """`value` with the declared `dtype`, strongly typed; what has no dtype as it is."""
+    if dtype is None:
+        return value
+    if isinstance(value, bool | int | float | complex):  # a Python scalar: weakly typed
+        return np.dtype(dtype).type(value)
+    if isinstance(value, np.ndarray | np.generic):
+        return value if value.dtype == dtype else np.asarray(value, dtype=dtype)
+    if isinstance(value, jax.Array) and (value.dtype != dtype or value.weak_type):
+        return jax.numpy.asarray(value, dtype=dtype)
+    return value
+
+
+def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
+    """pytensor's JAX function for `node`, its outputs cast to their declared dtypes."""
+    function = _dispatch().jax_funcify(op, node=node, **kwargs)
+    if _updates_in_place(op):  # `x.at[...]`: the array updated must be a JAX array
+        update = function
+
+        def function(x, *args):
+            return update(jax.numpy.asarray(x) if isinstance(x, np.ndarray) else x, *args)
+
+    dtypes = [getattr(output.type, "dtype", None) for output in node.outputs]
+    if len(dtypes) == 1:
+        (dtype,) = dtypes
+
+        def single(*args):
+            return _as_declared(function(*args), dtype)
+
+        return single
+
+    def several(*args):
+        return tuple(_as_declared(x, d) for x, d in zip(function(*args), dtypes, strict=True))
+
+    return several
+
+
+def _updates_in_place(op: Any) -> bool:
+    from pytensor.tensor import subtensor
+
+    names = ("IncSubtensor", "AdvancedIncSubtensor", "AdvancedIncSubtensor1")  # 1: pytensor 2
+    return isinstance(op, tuple(getattr(subtensor, n) for n in names if hasattr(subtensor, n)))
+
+
+def funcify(fgraph: FunctionGraph) -> Callable:
+    """`fgraph` as a Python function of JAX arrays, every node in its declared dtype."""
+    from pytensor.link.utils import fgraph_to_python
+
+    return fgraph_to_python(
+        fgraph, _strict_conversion, type_conversion_fn=_typify, fgraph_name="jax_graph"
+    )
+
+
+def jax_graph(inputs: Sequence[Variable], outputs: Sequence[Variable]) -> FunctionGraph:
+    """The graph from `inputs` to `outputs` as pymc's `get_jaxified_graph` converts it: shared
+    variables as constants, after pytensor's JAX rewrites."""
+    from pymc.sampling.jax import _replace_shared_variables
+    from pytensor.compile import mode
+
+    fgraph = FunctionGraph(
+        inputs=list(inputs), outputs=_replace_shared_variables(list(outputs)), clone=True
+    )
+    mode.JAX.optimizer.rewrite(fgraph)
+    return fgraph
+
+
+def jaxify(inputs: Sequence[Variable], outputs: Sequence[Variable]) -> Callable:
+    """A deterministic graph from `inputs` to `outputs` as a JAX function, every node in its
+    declared dtype (`pymc.sampling.jax.get_jaxified_graph`, converted strictly)."""
+    return funcify(jax_graph(inputs, outputs))
+
+
+# --- random graphs ------------------------------------------------------------------------
+
+
+class _Draw(Op):
+    """A random variable drawn by our sampler: `(key, size, *params) -> (next key, value)`.
+
+    The inputs and output types are the random variable's own (the key flows where pytensor's
+    generator flowed), so a `_Draw` replaces an RV node in place, inside a `Scan` body too.
+    At run time the "generator" is a typed JAX key. Where the next key is used (`next_key`:
+    a generator threaded through a Scan or on to another draw), the key is split into the
+    next key and the sampling key; elsewhere the value is drawn from the key itself (one
+    hash less per random variable, for XLA to compile and run).
+    """
+
+    __props__ = ("rv_op", "next_key")
+
+    def __init__(self, rv_op: Any, next_key: bool = True):
+        self.rv_op = rv_op
+        self.next_key = bool(next_key)
+
+    def make_node(self, *inputs):  # (rng, size, *params), as the random variable's
+        rv_node = self.rv_op.make_node(*inputs)
+        return Apply(self, list(rv_node.inputs), [o.type() for o in rv_node.outputs])
+
+    def infer_shape(self, *args):  # (fgraph, node, shapes) on pytensor 2, (node, shapes) on 3
+        return self.rv_op.infer_shape(*args)
+
+    def perform(self, node, inputs, outputs):
+        raise NotImplementedError("`_Draw` runs in JAX only (pymc_chunkpost's random graphs).")
+
+
+def _jax_draw(op: _Draw, node: Apply, **kwargs: Any) -> Callable:
+    sample = sampler_for(op.rv_op)
+    assert sample is not None  # `_unsupported` refused the graph otherwise
+    value = node.outputs[1]
+    batch_ndim = value.type.ndim - op.rv_op.ndim_supp
+    static = tuple(value.type.shape[:batch_ndim])
+    ndims_params = list(op.rv_op.ndims_params)
+    dtype = np.dtype(value.type.dtype)
+    split = op.next_key
+
+    def draw(key, size, *params):
+        batch = static if None not in static else _batch_shape(size, params, ndims_params)
+        next_key, key = jax.random.split(key) if split else (key, key)
+        return next_key, sample(key, batch, dtype, *params)
+
+    return draw
+
+
+def _batch_shape(size: Any, params: Sequence[Any], ndims_params: Sequence[int]) -> tuple:
+    """The batch shape from a concrete `size`, else from the parameters' batch dims.
+
+    Raises:
+        jax.errors.ConcretizationTypeError: `size` is computed at run time (caught at
+            build time, where it means "no static size", a reason to fall back).
+    """
+    if size is not None:
+        return tuple(int(s) for s in np.asarray(size).reshape(-1))
+    shapes = [np.shape(p)[: np.ndim(p) - n] for p, n in zip(params, ndims_params)]
+    return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomFunction:
+    """A per-draw JAX function `fn(keys, *inputs) -> outputs` of a random graph.
+
+    `keys` is an array of `n_generators` typed JAX keys, one per random generator of the
+    graph (in the order of the graph's traversal), each generator's own stream.
+    """
+
+    fn: Callable
+    n_generators: int
+
+
+def random_function(
+    inputs: Sequence[Variable],
+    outputs: Sequence[Variable],
+    shapes: Sequence[tuple[int, ...]],
+    *,
+    rewrite: Callable[[FunctionGraph], None] | None = None,
+) -> RandomFunction | str:
+    """The forward graph from `inputs` (given per-draw `shapes`) to `outputs`, for JAX.
+
+    Shared data become constants at their current values, random generators become key
+    inputs, symbolic random variables are inlined, and every random variable is drawn by our
+    samplers. `rewrite` (default: pytensor's JAX rewrites) then runs on the graph.
+
+    Returns:
+        The function, or a one-line reason why it cannot be built (a random variable that
+        our samplers do not know, an Op with no JAX implementation), found before any work.
+    """
+    from pytensor.compile import mode
+    from pytensor.graph.replace import clone_replace
+    from pytensor.tensor.type import TensorType
+
+    roots = [
+        TensorType(v.type.dtype, shape=tuple(shape))(name=v.name)
+        for v, shape in zip(inputs, shapes, strict=True)
+    ]
+    cloned = clone_replace(list(outputs), replace=dict(zip(inputs, roots)))
+    fgraph = _with_roots(roots, cloned)
+    _inline_symbolic(fgraph)
+    generators, replacements = _free_roots(fgraph.outputs)
+    fgraph = _with_roots(generators + roots, clone_replace(fgraph.outputs, replace=replacements))
+    if missing := fgraph.inputs[len(generators) + len(roots) :]:
+        return f"the graph needs {[v.name for v in missing]}, which are neither given nor drawn"
+    if (reason := _unsupported(fgraph)) is not None:
+        return reason
+    _replace_random_variables(fgraph)
+    (mode.JAX.optimizer.rewrite if rewrite is None else rewrite)(fgraph)
+    if _has_random(fgraph):  # every draw is ours, or pytensor's sampler would run
+        return "a random variable was left to pytensor's sampler"
+    try:
+        function = funcify(fgraph)
+    except NotImplementedError as error:  # an Op with no JAX implementation
+        return f"no JAX implementation: {str(error).splitlines()[0]}"
+    return RandomFunction(_keyed(function, len(generators)), len(generators))
+
+
+def _with_roots(inputs: Sequence[Variable], outputs: Sequence[Variable]) -> FunctionGraph:
+    """A graph with `inputs` first, then every other non-constant root it has."""
+    known = set(inputs)
+    others = [v for v in _root_inputs(outputs) if v not in known and not isinstance(v, Constant)]
+    return FunctionGraph([*inputs, *others], list(outputs), clone=False)
+
+
+def _keyed(function: Callable, n_generators: int) -> Callable:
+    def per_draw(keys, *values):
+        return list(function(*(keys[i] for i in range(n_generators)), *values))
+
+    return per_draw
+
+
+def _root_inputs(outputs: Sequence[Variable]) -> list[Variable]:
+    from pytensor.graph.traversal import graph_inputs
+
+    return [v for v in graph_inputs(list(outputs)) if v.owner is None]
+
+
+def _free_roots(outputs: Sequence[Variable]) -> tuple[list[Variable], dict]:
+    """New graph inputs for the random generators, and constants for the shared data.
+
+    Returns the generator inputs, in the order of the graph's traversal (so that generator
+    `i` always gets the same key), and the replacements of the shared variables.
+    """
+    import pytensor.tensor as pt
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.tensor.random.type import RandomType
+
+    generators: list[Variable] = []
+    replacements: dict[Variable, Variable] = {}
+    for variable in _root_inputs(outputs):
+        if isinstance(variable.type, RandomType) and not isinstance(variable, Constant):
+            generators.append(variable.type(name=variable.name))
+            replacements[variable] = generators[-1]
+        elif isinstance(variable, SharedVariable):
+            value = variable.get_value(borrow=True)
+            replacements[variable] = pt.constant(value, dtype=variable.type.dtype)
+    return generators, replacements
+
+
+def _inline_symbolic(fgraph: FunctionGraph) -> None:
+    """Replace every symbolic random variable (pymc's `SymbolicRandomVariable`) by its graph."""
+    from pymc.distributions.distribution import SymbolicRandomVariable
+
+    while nodes := [n for n in fgraph.toposort() if isinstance(n.op, SymbolicRandomVariable)]:
+        for node in nodes:
+            fgraph.replace_all(
+                list(zip(node.outputs, _bind(node.op, node.inputs))), import_missing=True
+            )
+
+
+def _bind(op: Any, inputs: Sequence[Variable]) -> list[Variable]:
+    """The inner graph of `op` (an `OpFromGraph`), applied to `inputs`."""
+    if hasattr(op.fgraph, "bind"):  # pytensor 3: frozen inner graphs
+        return list(op.fgraph.bind(list(inputs)))
+    from pytensor.graph.replace import clone_replace
+
+    return list(clone_replace(op.inner_outputs, replace=dict(zip(op.inner_inputs, inputs))))
+
+
+def _unsupported(fgraph: FunctionGraph) -> str | None:
+    """Why a random variable of `fgraph` (or of a `Scan` body) cannot be drawn; None if all can."""
+    from pytensor.scan.op import Scan
+    from pytensor.tensor.random.op import RandomVariable
+
+    for node in fgraph.toposort():
+        if isinstance(node.op, RandomVariable) and sampler_for(node.op) is None:
+            name = node.outputs[1].name or "a random variable"
+            return f"no JAX sampler for `{name}` ({type(node.op).__name__})"
+        if isinstance(node.op, Scan):
+            reason = _unsupported(_mutable_inner(node.op))
+            if reason is not None:
+                return f"{reason}, inside a Scan"
+    return None
+
+
+def _mutable_inner(op: Any) -> FunctionGraph:
+    """A mutable copy of `op`'s inner graph (frozen on pytensor 3)."""
+    fgraph = op.fgraph
+    return fgraph.unfreeze() if hasattr(fgraph, "unfreeze") else fgraph.clone()
+
+
+def _replace_random_variables(fgraph: FunctionGraph) -> None:
+    """Every random variable becomes a `_Draw`, in `Scan` bodies too (the Scan is rebuilt).
+
+    One node at a time, in order: a draw that takes the generator another one returned
+    must be built on that one's replacement.
+    """
+    from pytensor.scan.op import Scan
+    from pytensor.tensor.random.op import RandomVariable
+
+    for node in list(fgraph.toposort()):
+        if isinstance(node.op, RandomVariable):
+            next_key = bool(fgraph.clients[node.outputs[0]])
+            new = _Draw(node.op, next_key).make_node(*node.inputs)
+        elif isinstance(node.op, Scan) and _has_random(node.op, draws=True):
+            new = _scan_with_draws(node.op).make_node(*node.inputs)
+        else:
+            continue
+        fgraph.replace_all(list(zip(node.outputs, new.outputs)), import_missing=True)
+
+
+def _has_random(graph: Any, draws: bool = False) -> bool:
+    """Whether `graph` (a FunctionGraph, or an Op with an inner one) has a pytensor random
+    variable (or, with `draws`, a `_Draw`), in Scan bodies too."""
+    from pytensor.scan.op import Scan
+    from pytensor.tensor.random.op import RandomVariable
+
+    kinds = (RandomVariable, _Draw) if draws else (RandomVariable,)
+    nodes = getattr(graph, "fgraph", graph).apply_nodes
+    return any(isinstance(n.op, kinds) for n in nodes) or any(
+        isinstance(n.op, Scan) and _has_random(n.op, draws) for n in nodes
+    )
+
+
+def _scan_with_draws(op: Any) -> Any:
+    """`op`, a Scan, rebuilt with every random variable of its body a `_Draw`."""
+    from pytensor.scan.op import Scan
+
+    inner = _mutable_inner(op)
+    _replace_random_variables(inner)
+    return Scan(
+        list(inner.inputs),
+        list(inner.outputs),
+        op.info,
+        mode=op.mode,
+        truncate_gradient=op.truncate_gradient,
+        name=op.name,
+        profile=op.profile,
+        allow_gc=op.allow_gc,
+        strict=op.strict,
+    )

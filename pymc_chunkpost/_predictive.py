@@ -1,0 +1,794 @@
+"""The predictive route: `sample_posterior_predictive` as one compiled, chunked program.
+
+pymc's `sample_posterior_predictive` calls one compiled function per draw in a Python loop.
+Here the model's forward graph, from the trace's variables to the requested ones, is built
+once (`_graph.random_function`: data frozen at their current values, every random variable
+drawn by our samplers from a key input) and mapped over all draws by the engine
+(`_postprocess.run`), within the memory budget. The result is packed by pymc's own
+functions into what pymc returns (pymc 6: `xarray.DataTree`; pymc 5: `arviz.InferenceData`).
+
+Which variables are drawn anew and which are taken from the trace follows the installed
+pymc's own rules (`_resolve_v5`, `_resolve_v6`). What the route cannot honour (a non-JAX
+compile mode, a random variable with no sampler of ours, a `MultiTrace`) runs pymc's own
+function, with a one-line warning (a note in the log when `patch` routed the call).
+
+Keys: random generator `j` of the graph, in draw `i` (its index in the flattened sample
+dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
+the numbers depend on the seed and the draw alone, never on the strategy, the chunk size, the
+devices or where the outputs live, and no two draws share a stream. They differ from pymc's
+for the same seed (docs/predictive.md).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _postprocess
+from ._cache import FunctionCache
+from ._graph import RandomFunction, random_function
+from ._memory import resolve_device
+from ._options import check_options
+from ._posthoc import _expected_shapes, _fingerprint, _host_array, _is_jax, _pymc6
+
+__all__ = ["sample_posterior_predictive"]
+
+_log = logging.getLogger("pymc_chunkpost")
+# pymc logs which variables it samples here ("Sampling: [y]"); so does this route.
+_pymc_log = logging.getLogger("pymc.sampling.forward")
+
+# Our keyword options; everything else is pymc's.
+_OPTIONS = (
+    "postprocessing_backend",
+    "postprocessing_vectorize",
+    "chunk_size",
+    "n_chunks",
+    "memory_budget",
+    "output_memory",
+)
+# pymc's default compile arguments, which change nothing in a JAX program.
+_NEUTRAL_COMPILE_KWARGS = frozenset({"mode", "allow_input_downcast", "accept_inplace"})
+_CACHE_PER_MODEL = 8  # forward graphs kept per model (each holds its compiled executables)
+_GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
+#: True while `patch` routes pymc's own call here: fallbacks are then logged, not warned.
+ROUTED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "pymc_chunkpost_routed", default=False
+)
+
+
+def sample_posterior_predictive(
+    trace: Any,
+    model: Any = None,
+    var_names: Sequence[str] | str | None = None,
+    *,
+    sample_vars: Sequence[str] | str | None = None,
+    freeze_vars: Sequence[str] | str | None = None,
+    sample_dims: Sequence[str] | None = None,
+    random_seed: Any = None,
+    progressbar: bool = True,
+    progressbar_theme: Any = None,
+    return_inferencedata: bool = True,
+    extend_inferencedata: bool = False,
+    predictions: bool = False,
+    idata_kwargs: dict | None = None,
+    backend: str | None = None,
+    compile_kwargs: dict | None = None,
+    postprocessing_backend: str | None = None,
+    postprocessing_vectorize: str = "auto",
+    chunk_size: int | None = None,
+    n_chunks: int | None = None,
+    memory_budget: int | float | None = None,
+    output_memory: str = "auto",
+) -> Any:
+    """Draw the posterior predictive: every draw's forward samples in one compiled program.
+
+    `pymc.sample_posterior_predictive`, with the installed pymc's arguments, rules and
+    result (groups, names, dims, coords, dtypes and attrs; pymc 6: a `DataTree`, pymc 5: an
+    `InferenceData`, or a dict of arrays with `return_inferencedata=False`). The draws come
+    from the same distribution as pymc's, but not the same numbers for the same seed: draw
+    `i` draws from JAX keys made of the seed and `i` alone, so the result does not depend on
+    the strategy, the chunk size, the devices, or where the outputs live.
+
+    Args:
+        trace: pymc 6: a `DataTree` or `Dataset`; pymc 5: an `InferenceData` or `Dataset`;
+            or a list of points (dicts). A `MultiTrace` runs pymc's own function.
+        model: the model; default the one on the context stack.
+        var_names: the variables to return (see pymc's documentation: on pymc 5 they are
+            also drawn anew; on pymc 6 only `sample_vars` are).
+        sample_vars: pymc 6: trace variables to draw anew rather than copy.
+        freeze_vars: pymc 6: trace variables to keep, silencing `ImplicitFreezeWarning`.
+        sample_dims: the trace's sample dims; default ("chain", "draw").
+        random_seed: an int, `numpy.random.Generator` or `SeedSequence`, as pymc takes it;
+            None draws a fresh seed.
+        progressbar: show a progress bar over chunks while a loop runs.
+        progressbar_theme: pymc's, accepted and unused (the bar is tqdm's).
+        return_inferencedata: return pymc's inference data type (True) or a dict.
+        extend_inferencedata: add the result to `trace` and return it.
+        predictions: put the draws in a `predictions` group (out-of-sample data).
+        idata_kwargs: passed to pymc's `to_inference_data`/`predictions_to_inference_data`.
+        backend: pymc 6's compile backend: None or "jax" take this route; any other runs
+            pymc's own function.
+        compile_kwargs: pymc's compile arguments; only a JAX `mode` (and pymc's defaults
+            `allow_input_downcast`, `accept_inplace`) can be honoured here.
+        postprocessing_backend: the device: None (the default device), "cpu" or "gpu".
+        postprocessing_vectorize: the strategy, one of `STRATEGIES` (see
+            `postprocess_samples` for what each costs); default "auto", the fastest plan
+            within the budget.
+        chunk_size: draws per chunk ("chunked"/"auto"): smaller uses less memory, and takes
+            longer.
+        n_chunks: alternatively, the number of chunks.
+        memory_budget: bytes the outputs and temporaries may take; default the device's
+            free memory. The outputs (draws x every requested variable) are the floor.
+        output_memory: "auto", "device" or "host": where the outputs live while computed
+            ("host" lands each chunk in host memory, for outputs larger than the device).
+
+    Returns:
+        What pymc returns for these arguments.
+
+    Raises:
+        ValueError: bad input (unknown names, a trace without the variables the graph
+            needs, shapes that differ from the model's, bad options), before any work.
+        TypeError: an argument the installed pymc does not take (pymc 5 has no
+            `sample_vars`, `freeze_vars` or `backend`).
+    """
+    return _sample(locals())
+
+
+def _sample(arguments: dict[str, Any]) -> Any:
+    """The route: check, resolve pymc's rules, build (cached), run, pack as pymc does."""
+    import pymc
+
+    pymc_args, ours = _split(arguments)
+    trace = arguments["trace"]
+    reason = _fallback_reason(pymc_args, trace)
+    if reason is not None:
+        return _fall_back(reason, trace, pymc_args)
+    model = pymc.modelcontext(pymc_args.get("model"))
+    read = _read_trace(trace, pymc_args.get("sample_dims"), model)
+    if model.potentials:
+        warnings.warn(
+            "The effect of Potentials on other parameters is ignored during posterior "
+            "predictive sampling. This is likely to lead to invalid or biased predictive "
+            "samples.",
+            UserWarning,
+            stacklevel=3,
+        )
+    forward = (_resolve_v6 if _pymc6() else _resolve_v5)(model, pymc_args, read)
+    if not forward.names:
+        return _empty(pymc_args, read)
+    built = _build(model, forward, read) if forward.outputs else None
+    if isinstance(built, str):
+        return _fall_back(built, trace, pymc_args)  # which logs what it samples
+    _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
+    values: dict[str, np.ndarray] = {}
+    if built is not None:
+        values = _evaluate(built, forward, read, pymc_args.get("random_seed"), ours)
+    for name in forward.copied:
+        values[name] = np.array(read.values(name))
+    ppc = {name: values[name] for name in forward.names}
+    return _pack(ppc, model, pymc_args, read)
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+
+def _pymc_function() -> Callable:
+    """pymc's own `sample_posterior_predictive` (the original while patched)."""
+    from pymc.sampling import forward
+
+    function = forward.sample_posterior_predictive
+    return getattr(function, "_pymc_chunkpost_original", function)
+
+
+def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """pymc's arguments (those the installed pymc takes) and ours, all checked.
+
+    Raises:
+        TypeError: an argument the installed pymc does not take, set to a non-default.
+        ValueError: a bad option of ours.
+    """
+    import pymc
+
+    ours_signature = inspect.signature(sample_posterior_predictive).parameters
+    pymc_signature = inspect.signature(_pymc_function()).parameters
+    pymc_args: dict[str, Any] = {}
+    for key, parameter in ours_signature.items():
+        if key == "trace" or key in _OPTIONS:
+            continue
+        value = arguments[key]
+        if key in pymc_signature:
+            if not (key == "progressbar_theme" and value is None):  # None: pymc's default
+                pymc_args[key] = value
+        elif value is not parameter.default:
+            raise TypeError(
+                f"sample_posterior_predictive() got an unexpected keyword argument {key!r}: "
+                f"the installed pymc {pymc.__version__} has no `{key}` there."
+            )
+    ours = {key: arguments[key] for key in _OPTIONS}
+    ours["progressbar"] = bool(arguments["progressbar"])
+    check_options(
+        ours["postprocessing_vectorize"],
+        ours["chunk_size"],
+        ours["n_chunks"],
+        ours["memory_budget"],
+        ours["output_memory"],
+    )
+    resolve_device(ours["postprocessing_backend"])
+    sample_dims = pymc_args.get("sample_dims")
+    if sample_dims is not None and (
+        isinstance(sample_dims, str) or not all(isinstance(d, str) for d in sample_dims)
+    ):
+        raise ValueError(
+            f"`sample_dims` must be a sequence of dimension names, got {sample_dims!r}. Pass, "
+            'for example, `sample_dims=["chain", "draw"]`.'
+        )
+    return pymc_args, ours
+
+
+def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> str | None:
+    """Why this route cannot give pymc's answer for these arguments; None when it can."""
+    from pymc.backends.base import MultiTrace
+
+    backend = pymc_args.get("backend")
+    compile_kwargs = pymc_args.get("compile_kwargs") or {}
+    if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
+        raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
+    mode = backend if backend is not None else compile_kwargs.get("mode")
+    if mode is not None and not _is_jax(mode):
+        what = "backend" if backend is not None else "compile_kwargs['mode']"
+        return f"`{what}={mode!r}` is not JAX"
+    if others := sorted(set(compile_kwargs) - _NEUTRAL_COMPILE_KWARGS):
+        return f"`compile_kwargs` {others} apply to pymc's compiled function only"
+    if isinstance(trace, MultiTrace):
+        return "the trace is a MultiTrace"
+    return None
+
+
+def _fall_back(reason: str, trace: Any, pymc_args: dict[str, Any]) -> Any:
+    """pymc's own function, with a one-line warning (a log note when `patch` routed here)."""
+    message = f"pymc_chunkpost: `sample_posterior_predictive` runs pymc's own function ({reason})."
+    if ROUTED.get():
+        _log.warning(message)
+    else:
+        warnings.warn(message, UserWarning, stacklevel=4)
+    return _pymc_function()(trace, **pymc_args)
+
+
+# --- the trace ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Trace:
+    """The trace's draws and what pymc reads from around them.
+
+    `sample_shape` is the leading shape of pymc's outputs: the lengths of the sample dims for
+    a `Dataset`, `(1, n)` for a list of `n` points (`stacked_dims` is then None).
+    """
+
+    idata: Any  # the inference data given (extended in place), else None
+    posterior: Any  # the posterior `Dataset`, or the list of points
+    sample_dims: list[str]
+    stacked_dims: dict[str, Any] | None
+    sample_shape: tuple[int, ...]
+    names: list[str]  # the trace's variables
+    constant_data: dict[str, np.ndarray]
+    coords: dict[str, np.ndarray]
+    observed_data: Any
+
+    def values(self, name: str) -> np.ndarray:
+        """`name`'s draws, of shape `sample_shape + event shape` (a view where possible)."""
+        if self.stacked_dims is None:
+            stacked = np.stack([np.asarray(point[name]) for point in self.posterior])
+            return stacked.reshape(self.sample_shape + stacked.shape[1:])
+        return self.posterior[name].transpose(*self.sample_dims, ...).values
+
+    def event_shape(self, name: str) -> tuple[int, ...]:
+        if self.stacked_dims is None:
+            return tuple(np.shape(self.posterior[0][name]))
+        return tuple(self.posterior[name].shape[len(self.sample_dims) :])
+
+
+def _read_trace(trace: Any, sample_dims: Sequence[str] | None, model: Any) -> _Trace:
+    """What pymc reads from `trace`, checked before any work.
+
+    Raises:
+        TypeError: a trace of a type pymc does not take (pymc's own message).
+        ValueError: sample dims the trace does not have, or points without the same keys.
+    """
+    import xarray
+
+    dims = ["chain", "draw"] if sample_dims is None else list(sample_dims)
+    constant_data: dict[str, np.ndarray] = {}
+    coords: dict[str, np.ndarray] = {}
+    idata, observed_data = None, None
+    if _is_inference_data(trace):
+        given = getattr(trace, "constant_data", None)
+        if given is not None:
+            coords.update({str(k): v.data for k, v in given.coords.items()})
+            constant_data.update({str(k): v.data for k, v in given.items()})
+        idata, observed_data = trace, trace.get("observed_data", None)
+        if not _pymc6():
+            trace = trace["posterior"]
+        else:
+            trace = trace["posterior"].dataset if "posterior" in trace.children else trace.dataset
+    if isinstance(trace, xarray.Dataset):
+        return _read_dataset(trace, dims, idata, constant_data, coords, observed_data)
+    if isinstance(trace, list) and trace and all(isinstance(x, dict) for x in trace):
+        names = list(trace[0])
+        if any(list(point) != names for point in trace):
+            raise ValueError(
+                "Every point of `trace` must have the same variables, in the same order; "
+                f"the first has {names}."
+            )
+        shape = (1, len(trace))
+        return _Trace(None, trace, dims, None, shape, names, {}, {}, None)
+    raise TypeError(f"Unsupported type for `trace` argument: {type(trace)}.")
+
+
+def _read_dataset(dataset, dims, idata, constant_data, coords, observed_data) -> _Trace:
+    names = [str(name) for name in dataset.data_vars]
+    if not names:
+        raise ValueError("`trace` has no variables: pass the posterior that `pm.sample` returned.")
+    for name in names:
+        if absent := [d for d in dims if d not in dataset[name].dims]:
+            raise ValueError(
+                f"`sample_dims={dims}` names {absent}, which `trace[{name!r}]` does not have "
+                f"(its dims: {dataset[name].dims}). Pass the dims that index its draws."
+            )
+    coords.update({str(k): v.data for k, v in dataset.coords.items()})
+    stacked = {d: dataset[names[0]][d] for d in dims}  # as pymc's `dataset_to_point_list`
+    shape = tuple(len(coord) for coord in stacked.values())
+    return _Trace(idata, dataset, dims, stacked, shape, names, constant_data, coords, observed_data)
+
+
+def _is_inference_data(trace: Any) -> bool:
+    if _pymc6():
+        import xarray
+
+        return isinstance(trace, xarray.DataTree)
+    from arviz import InferenceData
+
+    return isinstance(trace, InferenceData)
+
+
+# --- which variables: pymc's rules --------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Forward:
+    """What one call computes, by the installed pymc's rules."""
+
+    names: list[str]  # the result's variables, in pymc's order
+    outputs: list[Any]  # the model variables the graph computes
+    inputs: list[Any]  # the trace variables the graph takes (as pymc's compiled function)
+    copied: list[str]  # pymc 6: variables copied from the trace
+    sampled: list[str]  # the random variables drawn anew ("Sampling: [...]")
+
+
+def _model_variables(model: Any, names: Any, argument: str) -> list[Any]:
+    if isinstance(names, str):
+        names = [names]
+    if unknown := [n for n in names if n not in model.named_vars]:
+        raise ValueError(
+            f"`{argument}` has {unknown}, which the model does not have. Its variables: "
+            f"{list(model.named_vars)}."
+        )
+    return [model[n] for n in names]
+
+
+def _resolve_v5(model: Any, pymc_args: dict[str, Any], read: _Trace) -> _Forward:
+    """pymc 5.28: every variable in `var_names` is drawn anew, and whatever depends on a
+    drawn variable, on changed `pm.Data` or on changed coords (pymc's
+    `compile_forward_sampling_function`)."""
+    from pymc.sampling.forward import get_constant_coords, observed_dependent_deterministics
+    from pymc.util import get_default_varnames
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.tensor.random.var import RandomGeneratorSharedVariable
+
+    var_names = pymc_args.get("var_names")
+    if var_names is not None:
+        chosen = _model_variables(model, var_names, "var_names")
+    else:
+        observed = list(model.observed_RVs)
+        if read.observed_data is not None:
+            observed += [model[x] for x in read.observed_data if x in model]
+        chosen = observed + observed_dependent_deterministics(model, observed)
+    outputs = list(dict.fromkeys(get_default_varnames(chosen, include_transformed=False)))
+    if not outputs:
+        return _Forward([], [], [], [], [])
+    in_trace = {model[n] for n in read.names if n in _traceable(model)}
+    constant_coords = get_constant_coords(read.coords, model)
+    basic = set(model.basic_RVs)
+    volatile: set[Any] = set()
+    for var in _toposort(outputs):
+        if (
+            var in outputs
+            or (
+                isinstance(var, SharedVariable)
+                and not isinstance(var, RandomGeneratorSharedVariable)
+                and not _shared_matches(var, read.constant_data, constant_coords)
+            )
+            or (var in basic and var not in in_trace)
+            or (var.owner is not None and any(i in volatile for i in var.owner.inputs))
+        ):
+            volatile.add(var)
+    inputs = _inputs(outputs, in_trace, volatile)
+    sampled = sorted(v.name for v in basic & volatile)
+    return _Forward([v.name for v in outputs], outputs, inputs, [], sampled)
+
+
+def _shared_matches(var: Any, constant_data: dict, constant_coords: set) -> bool:
+    """pymc 5: whether shared `var` holds what it held at inference time."""
+    if var.name not in constant_data:
+        return var.name in constant_coords
+    return bool(np.array_equal(constant_data[var.name], var.get_value(borrow=True)))
+
+
+def _traceable(model: Any) -> set[str]:
+    return {v.name for v in model.free_RVs + model.deterministics}
+
+
+def _toposort(outputs: Sequence[Any]) -> list[Any]:
+    from pytensor.graph.traversal import general_toposort
+
+    return list(general_toposort(outputs, deps=lambda x: x.owner.inputs if x.owner else []))
+
+
+def _inputs(outputs: Sequence[Any], in_trace: set, volatile: set) -> list[Any]:
+    """The trace variables pymc's compiled function takes, that the outputs need.
+
+    pymc's walk (`compile_forward_sampling_function`) takes every non-volatile trace variable
+    it meets and every free root; of those, only the ones the outputs reach without passing
+    through another are needed. A free root that is not in the trace is an error in pymc.
+    """
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import ancestors, walk
+
+    taken: list[Any] = []
+
+    def expand(var):
+        free_root = var.owner is None and not isinstance(var, Constant | SharedVariable)
+        if (free_root or var in in_trace) and var not in volatile:
+            taken.append(var)
+        return var.owner.inputs if var.owner else None
+
+    list(walk(list(outputs), expand))
+    needed = set(ancestors(list(outputs), blockers=taken))
+    return [v for v in dict.fromkeys(taken) if v in needed and v not in outputs]
+
+
+def _resolve_v6(model: Any, pymc_args: dict[str, Any], read: _Trace) -> _Forward:
+    """pymc 6.4: trace variables are kept unless in `sample_vars` (with
+    `ImplicitFreezeWarning` where something upstream changed); variables missing from the
+    trace are drawn; `var_names` only selects the outputs."""
+    from pymc.sampling import forward as pymc_forward
+    from pytensor.graph.fg import FunctionGraph
+
+    var_names, sample_vars = (
+        _names(pymc_args.get("var_names")),
+        _names(pymc_args.get("sample_vars")),
+    )
+    freeze_vars = _names(pymc_args.get("freeze_vars"))
+    constant_data = pymc_forward._build_constant_data(read.constant_data, read.coords, model)
+    in_trace = [model[n] for n in read.names if n in _traceable(model)]
+    outputs = _outputs_v6(model, var_names, sample_vars, read)
+    volatile_vars: set[Any] = set()
+    if sample_vars is not None:
+        allowed = set(model.basic_RVs) | set(model.deterministics)
+        chosen = _model_variables(model, sample_vars, "sample_vars")
+        if invalid := [v.name for v in chosen if v not in allowed]:
+            raise ValueError(
+                f"sample_vars {sorted(invalid)} are not random variables or "
+                f"deterministics; only those can have trace values to override."
+            )
+        volatile_vars = set(chosen)
+    rv_set, in_trace_set = set(model.basic_RVs), set(in_trace)
+    frozen = _frozen_v6(model, freeze_vars, sample_vars, in_trace)
+    auto_frozen = [
+        rv
+        for rv in in_trace
+        if rv in rv_set and rv.name not in set(sample_vars or ()) and rv not in frozen
+    ]
+    frozen.update(auto_frozen)
+    closure = pymc_forward._compute_volatile_vars(
+        FunctionGraph(outputs=list(outputs) + auto_frozen, clone=False),
+        vars_in_trace=in_trace_set,
+        rvs=rv_set,
+        constant_data=constant_data,
+        volatile_vars=volatile_vars,
+        freeze_vars=frozen,
+    )
+    outputs = list(dict.fromkeys(outputs))
+    if not outputs:
+        return _Forward([], [], [], [], [])
+    compiled = [v for v in outputs if not (v in in_trace_set and v not in closure)]
+    pymc_forward._maybe_warn_implicit_freeze(
+        auto_frozen=auto_frozen,
+        volatile_closure=closure,
+        volatile_vars=volatile_vars,
+        rv_set=rv_set,
+        vars_in_trace_set=in_trace_set,
+        constant_data=constant_data,
+        model=model,
+        trace_coords=read.coords,
+    )
+    return _evaluated_v6(
+        model, outputs, compiled, in_trace_set, constant_data, volatile_vars, frozen
+    )
+
+
+def _names(names: Any) -> list[str] | None:
+    return [names] if isinstance(names, str) else (None if names is None else list(names))
+
+
+def _outputs_v6(model: Any, var_names: Any, sample_vars: Any, read: _Trace) -> list[Any]:
+    """pymc 6.4's outputs: `var_names`, else `sample_vars`, else the observed variables and
+    the deterministics that depend on them."""
+    from pymc.sampling.forward import observed_dependent_deterministics
+
+    if var_names is not None:
+        return _model_variables(model, var_names, "var_names")
+    if sample_vars is not None:
+        return _model_variables(model, sample_vars, "sample_vars")
+    extra: list[Any] = []
+    outputs = list(model.observed_RVs)
+    if read.observed_data is not None:
+        for name in read.observed_data:
+            if name in model and model[name] not in outputs:
+                outputs.append(model[name])
+                extra.append(model[name])
+    known = set(outputs)
+    outputs += [d for d in observed_dependent_deterministics(model, extra) if d not in known]
+    return outputs
+
+
+def _frozen_v6(model: Any, freeze_vars: Any, sample_vars: Any, in_trace: list) -> set[Any]:
+    if freeze_vars is None:
+        return set()
+    frozen = set(_model_variables(model, freeze_vars, "freeze_vars"))
+    if missing := {x for x in freeze_vars if x not in {v.name for v in in_trace}}:
+        raise ValueError(
+            f"freeze_vars {sorted(missing)} are not present in the trace. "
+            f"Cannot freeze variables without stored values."
+        )
+    if sample_vars is not None and (overlap := (set(freeze_vars) & set(sample_vars))):
+        raise ValueError(
+            f"Variables {sorted(overlap)} are in both sample_vars and freeze_vars. "
+            f"A variable cannot be both resampled and frozen."
+        )
+    return frozen
+
+
+def _evaluated_v6(model, outputs, compiled, in_trace, constant_data, volatile_vars, frozen):
+    """What pymc 6.4's `compile_forward_sampling_function` compiles for `compiled`: outputs
+    are not volatile in themselves there, so it computes volatility again on them alone."""
+    from pymc.sampling import forward as pymc_forward
+    from pymc.util import get_default_varnames
+    from pytensor.graph.fg import FunctionGraph
+
+    evaluated = list(get_default_varnames(compiled, include_transformed=False))
+    copied = [v.name for v in outputs if v.name not in {e.name for e in evaluated}]
+    if not evaluated:
+        return _Forward([v.name for v in outputs], [], [], copied, [])
+    closure = pymc_forward._compute_volatile_vars(
+        FunctionGraph(outputs=evaluated, clone=False),
+        vars_in_trace=in_trace,
+        rvs=set(model.basic_RVs),
+        constant_data=constant_data,
+        volatile_vars=volatile_vars,
+        freeze_vars=frozen,
+    )
+    inputs = _inputs(evaluated, in_trace, closure)
+    sampled = sorted(v.name for v in set(model.basic_RVs) & closure)
+    names = [v.name for v in evaluated] + copied  # the order of pymc's inserts
+    return _Forward(names, evaluated, inputs, copied, sampled)
+
+
+# --- the program --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """The per-draw function `fn(seed_and_index, *inputs)` and what it takes and gives."""
+
+    fn: Callable
+    input_names: list[str]
+    output_names: list[str]
+    impl: str
+    n_generators: int
+
+
+def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
+    """The forward graph as a per-draw JAX function, cached per model; a reason if none.
+
+    The cache keys weakly on the model, and on the names, the trace's shapes, the PRNG
+    implementation and a digest of the model's data: `pm.set_data` gives a new program, as
+    the data are constants in it. Whether it traces (a random variable whose size is not
+    static cannot) is checked here, before any work.
+    """
+    from pytensor import config
+
+    impl = str(jax.config.values["jax_default_prng_impl"])  # JAX's default, as set by the user
+    shapes = [_checked_shape(v, read, model) for v in forward.inputs]
+    signature = tuple(
+        (v.name, shape, v.type.dtype) for v, shape in zip(forward.inputs, shapes, strict=True)
+    )
+    outputs = tuple(v.name for v in forward.outputs)
+    key = ("predictive", outputs, signature, impl, _fingerprint(model))
+    cached = _GRAPHS.get(model, key)
+    if cached is not None:
+        return cached
+    # pytensor records a Python stack trace on every node it builds, for errors in the
+    # user's own graph; these graphs are ours, built from a model that already compiled.
+    with config.change_flags(traceback__limit=0):
+        graph = random_function(forward.inputs, forward.outputs, shapes)
+    if isinstance(graph, str):
+        return graph
+    names = [v.name for v in forward.inputs]
+    built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
+    key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
+    specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
+    try:
+        jax.eval_shape(built.fn, key_spec, *specs)
+    except jax.errors.ConcretizationTypeError as error:
+        return f"a random variable's size is not static: {str(error).splitlines()[0]}"
+    except NotImplementedError as error:  # e.g. JAX's Poisson under another PRNG than threefry
+        return f"no JAX implementation: {str(error).splitlines()[0]}"
+    _GRAPHS.put(model, key, built)
+    return built
+
+
+def _per_draw(graph: RandomFunction, impl: str) -> Callable:
+    """`graph.fn` for draw `i`, from `[seed, i]`: generator `j` of the graph draws from the
+    key of the 64-bit seed `seed * 2**32 + i * n_generators + j`.
+
+    For threefry (JAX's default) that key is the pair of words `[seed, i * n + j]`, built
+    here without a hash (as `jax.random.key` builds it: one threefry hash less for XLA to
+    compile per program); for other implementations, `fold_in(key(seed), i * n + j)`.
+    """
+    fn, n = graph.fn, graph.n_generators
+    offsets = np.arange(n, dtype=np.uint32)
+
+    def keys_of(seed_and_index):
+        counters = seed_and_index[1] * np.uint32(n) + offsets
+        if impl == "threefry2x32":
+            words = jax.numpy.stack([jax.numpy.broadcast_to(seed_and_index[0], (n,)), counters])
+            return jax.random.wrap_key_data(words.T, impl=impl)
+        base = jax.random.key(seed_and_index[0], impl=impl)
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, counters)
+
+    def per_draw(seed_and_index, *values):
+        return fn(keys_of(seed_and_index) if n else None, *values)
+
+    return per_draw
+
+
+def _checked_shape(var: Any, read: _Trace, model: Any) -> tuple[int, ...]:
+    """The trace's per-draw shape of `var`, checked against the model's shape of it (JAX
+    would clamp an out-of-range index where pymc raises)."""
+    shape = read.event_shape(var.name)
+    expected = tuple(var.type.shape)
+    if var in model.free_RVs:
+        expected = _expected_shapes(model)[var.name]
+    if len(shape) != len(expected) or any(
+        n is not None and n != m for n, m in zip(expected, shape)
+    ):
+        raise ValueError(
+            f"The trace's {var.name!r} has shape {shape} per draw, but the model's has "
+            f"{expected}. Pass the model the draws came from (with the same data and coords)."
+        )
+    return shape
+
+
+def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> np.ndarray:
+    """`[seed, i]` for every draw `i` (its index in the flattened sample dims), of shape
+    `lead + (2,)`: the per-draw input from which `_per_draw` makes the draw's keys.
+
+    The seed is pymc's (`_get_seeds_per_chain(random_seed, 1)`, which also takes numpy
+    generators), taken modulo 2**32; None draws one from the operating system.
+    """
+    from pymc.util import _get_seeds_per_chain
+
+    if random_seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1)[0])
+    else:
+        (seed,) = _get_seeds_per_chain(random_seed, 1)
+    n_draws = lead[0] * lead[1]
+    if n_draws * max(built.n_generators, 1) > 2**32:
+        raise ValueError(
+            f"{n_draws} draws of {built.n_generators} random generators need more than 2**32 "
+            "keys: pass fewer draws per call."
+        )
+    out = np.empty(lead + (2,), np.uint32)
+    out[..., 0] = int(seed) % 2**32
+    out[..., 1] = np.arange(n_draws, dtype=np.uint32).reshape(lead)
+    return out
+
+
+def _evaluate(
+    built: _Built, forward: _Forward, read: _Trace, random_seed: Any, ours: dict[str, Any]
+) -> dict[str, np.ndarray]:
+    """Every output at every draw, as writable numpy arrays of pymc's shapes."""
+    n_draws = int(np.prod(read.sample_shape, dtype=np.int64))
+    lead = read.sample_shape if len(read.sample_shape) == 2 else (1, n_draws)
+    arrays = []
+    for name, var in zip(built.input_names, forward.inputs, strict=True):
+        values = read.values(name)
+        values = values.astype(var.type.dtype, copy=False)  # pymc's allow_input_downcast
+        arrays.append(values.reshape(lead + values.shape[len(read.sample_shape) :]))
+    keys = _seed_and_index(random_seed, lead, built)
+    ours = dict(ours)
+    backend = ours.pop("postprocessing_backend")
+    strategy = ours.pop("postprocessing_vectorize")
+    outputs, _ = _postprocess.run(built.fn, [keys, *arrays], backend, strategy, False, **ours)
+    values_by_name: dict[str, np.ndarray] = {}
+    for name in built.output_names:
+        array = _host_array(outputs.pop(0), arrays)
+        values_by_name[name] = array.reshape(read.sample_shape + array.shape[2:])
+    return values_by_name
+
+
+# --- the result, as pymc packs it ---------------------------------------------------------
+
+
+def _empty(pymc_args: dict[str, Any], read: _Trace) -> Any:
+    """pymc's result when there is nothing to sample."""
+    if pymc_args["return_inferencedata"] and not pymc_args["extend_inferencedata"]:
+        if _pymc6():
+            import xarray
+
+            return xarray.DataTree()
+        from arviz import InferenceData
+
+        return InferenceData()
+    if pymc_args["return_inferencedata"]:
+        return read.posterior if read.idata is None else read.idata
+    return {}
+
+
+def _pack(ppc: dict[str, np.ndarray], model: Any, pymc_args: dict[str, Any], read: _Trace) -> Any:
+    """pymc's own packing of the draws (`to_inference_data`, `predictions_to_inference_data`)."""
+    import pymc
+
+    if not pymc_args["return_inferencedata"]:
+        return ppc
+    idata_kwargs = dict(pymc_args.get("idata_kwargs") or {})
+    idata_kwargs.setdefault("coords", {})
+    ikwargs: dict[str, Any] = dict(model=model, **idata_kwargs)
+    ikwargs.setdefault("sample_dims", read.sample_dims)
+    if read.stacked_dims is not None:
+        ikwargs["coords"] = {**read.stacked_dims, **ikwargs.get("coords", {})}
+    extend, idata = pymc_args["extend_inferencedata"], read.idata
+    if pymc_args["predictions"]:
+        if extend:
+            ikwargs.setdefault("idata_orig", idata)
+            ikwargs.setdefault("inplace", True)
+        return pymc.predictions_to_inference_data(ppc, **ikwargs)
+    idata_pp = pymc.to_inference_data(posterior_predictive=ppc, **ikwargs)
+    if not (extend and idata is not None):
+        return idata_pp
+    if not _pymc6():
+        idata.extend(idata_pp)
+        return idata
+    conflicting = (set(idata.children) & set(idata_pp.children)) - {
+        "observed_data",
+        "constant_data",
+    }
+    if conflicting:
+        warnings.warn(
+            f"groups {conflicting} already exist in the DataTree and will be overwritten. "
+            "To avoid this, set extend_inferencedata=False.",
+            UserWarning,
+            stacklevel=4,
+        )
+    idata.update(idata_pp)
+    return idata

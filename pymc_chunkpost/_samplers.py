@@ -1,0 +1,382 @@
+"""JAX samplers for pytensor's and pymc's random variables, for our graphs only.
+
+One table, `SAMPLERS`: the exact `RandomVariable` class (not its subclasses: pymc's `WaldRV`
+takes three parameters where pytensor's takes two) -> a sampler. A sampler is called as
+`sample(key, batch_shape, dtype, *params)`: `key` a typed JAX key, `batch_shape` the static
+batch shape of the draw, `params` the distribution's parameters as pytensor gives them to
+`rng_fn` (broadcastable to the batch shape, with their support dimensions last). It returns
+an array of shape `batch_shape + support shape`.
+
+Each one draws from the law that the class's own `rng_fn` draws from (the same parameters,
+the same support), checked against it by two-sample tests in `tests/test_samplers.py`.
+The table is ours: pytensor's global JAX dispatch is never changed, so other users of
+pytensor keep its samplers (including its Categorical, which draws from
+`softmax(logit(p))` instead of `p` up to pytensor 3.3.8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import ndtr, ndtri
+
+__all__ = ["SAMPLERS", "sampler_for"]
+
+Sampler = Callable[..., jax.Array]
+
+
+def _broadcast(batch_shape: tuple[int, ...], *params: Any) -> list[jax.Array]:
+    return [jnp.broadcast_to(p, batch_shape) for p in params]
+
+
+def _log_gamma(key, alpha, shape, dtype):
+    """`log` of standard gamma draws (shape `alpha`, scale 1), vectorised.
+
+    Marsaglia and Tsang (2000) on the whole array, round after round until every element is
+    accepted (each round accepts 95-99% of what is left); `alpha < 1` is boosted to
+    `alpha + 1` and scaled by `U^(1/alpha)`, in log space, so that small shapes underflow
+    neither here nor in the ratios built on it (beta, Dirichlet). JAX's own gamma runs a
+    loop per element on the CPU, slower to run and to compile (docs/predictive.md).
+    """
+    alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype), shape)
+    boost = alpha < 1
+    d = jnp.where(boost, alpha + 1, alpha) - 1.0 / 3.0
+    c = 1.0 / jnp.sqrt(9.0 * d)
+
+    def pending(state):
+        return ~jnp.all(state[2])
+
+    def round_(state):
+        i, log_value, done = state
+        key_z, key_u = jax.random.split(jax.random.fold_in(key, i))
+        z = jax.random.normal(key_z, shape, dtype)
+        u = jax.random.uniform(key_u, shape, dtype)
+        v = (1 + c * z) ** 3
+        log_v = jnp.log(jnp.where(v > 0, v, 1))
+        accept = (v > 0) & (jnp.log(u) < 0.5 * z * z + d - d * v + d * log_v)
+        log_value = jnp.where(done | ~accept, log_value, jnp.log(d) + log_v)
+        return i + 1, log_value, done | accept
+
+    start = (jnp.uint32(1), jnp.zeros(shape, dtype), jnp.zeros(shape, bool))
+    _, log_value, _ = jax.lax.while_loop(pending, round_, start)
+    u = jax.random.uniform(jax.random.fold_in(key, 0), shape, dtype)
+    return jnp.where(boost, log_value + jnp.log(u) / alpha, log_value)
+
+
+# --- continuous ---------------------------------------------------------------------------
+
+
+def _normal(key, shape, dtype, loc, scale):
+    return loc + scale * jax.random.normal(key, shape, dtype)
+
+
+def _halfnormal(key, shape, dtype, loc, scale):
+    return loc + scale * jnp.abs(jax.random.normal(key, shape, dtype))
+
+
+def _lognormal(key, shape, dtype, mean, sigma):
+    return jnp.exp(mean + sigma * jax.random.normal(key, shape, dtype))
+
+
+def _cauchy(key, shape, dtype, loc, scale):
+    return loc + scale * jax.random.cauchy(key, shape, dtype)
+
+
+def _halfcauchy(key, shape, dtype, loc, scale):
+    return loc + scale * jnp.abs(jax.random.cauchy(key, shape, dtype))
+
+
+def _laplace(key, shape, dtype, loc, scale):
+    return loc + scale * jax.random.laplace(key, shape, dtype)
+
+
+def _logistic(key, shape, dtype, loc, scale):
+    return loc + scale * jax.random.logistic(key, shape, dtype)
+
+
+def _gumbel(key, shape, dtype, loc, scale):
+    return loc + scale * jax.random.gumbel(key, shape, dtype)
+
+
+def _studentt(key, shape, dtype, df, loc, scale):
+    """A normal over the root of a chi-square with `df` degrees of freedom, over `df`."""
+    key_z, key_g = jax.random.split(key)
+    log_chi2_over_df = np.log(2.0) + _log_gamma(key_g, df / 2, shape, dtype) - jnp.log(df)
+    return loc + scale * jax.random.normal(key_z, shape, dtype) * jnp.exp(-0.5 * log_chi2_over_df)
+
+
+def _exponential(key, shape, dtype, scale):
+    return scale * jax.random.exponential(key, shape, dtype)
+
+
+def _gamma(key, shape, dtype, alpha, scale):
+    return scale * jnp.exp(_log_gamma(key, alpha, shape, dtype))
+
+
+def _invgamma(key, shape, dtype, alpha, scale):
+    return scale * jnp.exp(-_log_gamma(key, alpha, shape, dtype))
+
+
+def _beta(key, shape, dtype, a, b):
+    """`Ga / (Ga + Gb)` of two gamma draws, from their logs (small shapes do not underflow)."""
+    key_a, key_b = jax.random.split(key)
+    return jax.nn.sigmoid(_log_gamma(key_a, a, shape, dtype) - _log_gamma(key_b, b, shape, dtype))
+
+
+def _beta_clipped(key, shape, dtype, a, b):
+    """pymc's Beta: open support, 0 and 1 moved to their neighbours (`clipped_beta_rvs`)."""
+    x = _beta(key, shape, dtype, a, b)
+    zero, one = np.zeros((), dtype), np.ones((), dtype)
+    return jnp.clip(x, np.nextafter(zero, one), np.nextafter(one, zero))
+
+
+def _uniform(key, shape, dtype, low, high):
+    return jax.random.uniform(key, shape, dtype, minval=low, maxval=high)
+
+
+def _pareto(key, shape, dtype, b, scale):
+    (b,) = _broadcast(shape, b)
+    return scale * jax.random.pareto(key, b, shape, dtype)
+
+
+def _weibull(key, shape, dtype, k):
+    """numpy's `weibull(k)`: scale 1, `(-log U)^(1/k)`."""
+    return jnp.power(jax.random.exponential(key, shape, dtype), 1.0 / k)
+
+
+def _triangular(key, shape, dtype, left, mode, right):
+    """Inverse CDF of the triangular law on [left, right] with its peak at `mode`."""
+    u = jax.random.uniform(key, shape, dtype)
+    width = right - left
+    cut = (mode - left) / width
+    low = left + jnp.sqrt(u * width * (mode - left))
+    high = right - jnp.sqrt((1 - u) * width * (right - mode))
+    return jnp.where(u < cut, low, high)
+
+
+def _wald_standard(key, shape, dtype, mean, scale):
+    """numpy's `wald(mean, scale)`: Michael, Schucany and Haas (1976)."""
+    key_normal, key_uniform = jax.random.split(key)
+    y = jax.random.normal(key_normal, shape, dtype) ** 2
+    mean_y = mean * y
+    x = mean + mean * mean_y / (2 * scale)
+    x = x - mean / (2 * scale) * jnp.sqrt(4 * scale * mean_y + mean_y * mean_y)
+    u = jax.random.uniform(key_uniform, shape, dtype)
+    return jnp.where(u <= mean / (mean + x), x, mean * mean / x)
+
+
+def _wald_pymc(key, shape, dtype, mu, lam, alpha):
+    """pymc's `WaldRV`: `wald(mu, lam) + alpha`."""
+    return _wald_standard(key, shape, dtype, mu, lam) + alpha
+
+
+def _truncated_normal(key, shape, dtype, mu, sigma, lower, upper):
+    """Inverse CDF on the standardised bounds, flipped so that it works in the lower tail.
+
+    The CDF is evaluated where it is small (and so precise): bounds above the mean are
+    mirrored below it. Accurate while the bounds' CDF values are representable (|z| < ~37
+    in float64); scipy's `truncnorm` switches to other algorithms further out.
+    """
+    a = (lower - mu) / sigma
+    b = (upper - mu) / sigma
+    flip = a > 0
+    low, high = jnp.where(flip, -b, a), jnp.where(flip, -a, b)
+    u = jax.random.uniform(key, shape, dtype)
+    p_low, p_high = ndtr(low), ndtr(high)
+    z = jnp.clip(ndtri(p_low + u * (p_high - p_low)), low, high)
+    return mu + sigma * jnp.where(flip, -z, z)
+
+
+def _skewnormal(key, shape, dtype, mu, sigma, alpha):
+    """scipy's `skewnorm(alpha, mu, sigma)`: |u0| folds the skewed normal (Azzalini)."""
+    key_0, key_1 = jax.random.split(key)
+    delta = alpha / jnp.sqrt(1 + alpha * alpha)
+    u0 = jax.random.normal(key_0, shape, dtype)
+    v = jax.random.normal(key_1, shape, dtype)
+    u1 = delta * u0 + jnp.sqrt(1 - delta * delta) * v
+    return mu + sigma * jnp.where(u0 >= 0, u1, -u1)
+
+
+def _moyal(key, shape, dtype, mu, sigma):
+    """scipy's `moyal(mu, sigma)`: `-log` of a chi-square with one degree of freedom."""
+    log_chi2 = np.log(2.0) + _log_gamma(key, 0.5, shape, dtype)
+    return mu - sigma * log_chi2
+
+
+def _rice(key, shape, dtype, b, sigma):
+    """scipy's `rice(b, scale=sigma)`: the length of a normal vector centred at (b, 0)."""
+    key_x, key_y = jax.random.split(key)
+    x = jax.random.normal(key_x, shape, dtype) + b
+    y = jax.random.normal(key_y, shape, dtype)
+    return sigma * jnp.sqrt(x * x + y * y)
+
+
+# --- discrete -----------------------------------------------------------------------------
+
+
+def _bernoulli(key, shape, dtype, p):
+    return jax.random.bernoulli(key, p, shape).astype(dtype)
+
+
+def _binomial(key, shape, dtype, n, p):
+    n, p = _broadcast(shape, n, p)
+    float_type = jnp.result_type(p.dtype, jnp.float32)
+    draw = jax.random.binomial(key, n.astype(float_type), p.astype(float_type), shape)
+    return draw.astype(dtype)
+
+
+def _poisson(key, shape, dtype, mu):
+    (mu,) = _broadcast(shape, mu)
+    return jax.random.poisson(key, mu, shape, dtype)
+
+
+def _negative_binomial(key, shape, dtype, n, p):
+    """scipy's `nbinom(n, p)` (failures before `n` successes) as a gamma-Poisson mixture."""
+    key_gamma, key_poisson = jax.random.split(key)
+    n, p = _broadcast(shape, n, p)
+    float_type = jnp.result_type(p.dtype, jnp.float32)
+    rate = jnp.exp(_log_gamma(key_gamma, n, shape, float_type)) * (1 - p) / p
+    return jax.random.poisson(key_poisson, rate, shape, dtype)
+
+
+def _geometric(key, shape, dtype, p):
+    """numpy's `geometric(p)`: trials up to the first success, support 1, 2, ..."""
+    u = jax.random.uniform(key, shape, jnp.result_type(p, jnp.float32), minval=0.0, maxval=1.0)
+    trials = jnp.ceil(jnp.log1p(-u) / jnp.log1p(-p))
+    return jnp.maximum(trials, 1).astype(dtype)
+
+
+def _beta_binomial(key, shape, dtype, n, a, b):
+    key_beta, key_binomial = jax.random.split(key)
+    float_type = jnp.result_type(a, b, jnp.float32)
+    p = _beta(key_beta, shape, float_type, a, b)
+    return _binomial(key_binomial, shape, dtype, n, p)
+
+
+def _categorical(key, shape, dtype, p):
+    """Draws from `p` itself (the Gumbel-max trick on `log p`), over its last axis."""
+    p = jnp.broadcast_to(p, tuple(shape) + p.shape[-1:])
+    return jax.random.categorical(key, jnp.log(p), axis=-1, shape=shape).astype(dtype)
+
+
+def _integers(key, shape, dtype, low, high):
+    return jax.random.randint(key, shape, low, high, dtype)
+
+
+def _discrete_uniform(key, shape, dtype, lower, upper):
+    """pymc's `DiscreteUniform`: lower, ..., upper, both included."""
+    return jax.random.randint(key, shape, lower, upper + 1, dtype)
+
+
+def _hypergeometric(key, shape, dtype, good, bad, n_sample):
+    """numpy's `hypergeometric(good, bad, n_sample)`: the good items among `n_sample` drawn
+    without replacement, one draw at a time (the loop runs `max(n_sample)` steps)."""
+    good, bad, n_sample = _broadcast(shape, good, bad, n_sample)
+    float_type = jnp.result_type(jnp.float32, jnp.float64)  # float64 where x64 is on
+
+    def body(k, state):
+        found, keys = state
+        keys, step = jax.random.split(keys)
+        chance = (good - found) / jnp.maximum(good + bad - k, 1)
+        pick = (jax.random.uniform(step, shape, float_type) < chance) & (k < n_sample)
+        return found + pick.astype(found.dtype), keys
+
+    start = (jnp.zeros(shape, good.dtype), key)
+    found, _ = jax.lax.fori_loop(0, jnp.max(n_sample, initial=0), body, start)
+    return found.astype(dtype)
+
+
+# --- multivariate -------------------------------------------------------------------------
+
+
+def _dirichlet(key, shape, dtype, alpha):
+    """Normalised gamma draws, as a softmax of their logs."""
+    full = tuple(shape) + alpha.shape[-1:]
+    return jax.nn.softmax(_log_gamma(key, jnp.broadcast_to(alpha, full), full, dtype), axis=-1)
+
+
+def _mvnormal(method: str) -> Sampler:
+    def sample(key, shape, dtype, mean, cov):
+        return jax.random.multivariate_normal(key, mean, cov, shape, dtype, method)
+
+    return sample
+
+
+def _multinomial(key, shape, dtype, n, p):
+    p = jnp.broadcast_to(p, tuple(shape) + p.shape[-1:])
+    n = jnp.broadcast_to(n, shape)
+    float_type = jnp.result_type(p.dtype, jnp.float32)
+    draw = jax.random.multinomial(key, n.astype(float_type), p.astype(float_type))  # p.shape
+    return draw.astype(dtype)
+
+
+def _always(sampler: Sampler) -> Callable[[Any], Sampler]:
+    """`sampler` whatever the op's properties."""
+
+    def make(op: Any) -> Sampler:
+        return sampler
+
+    return make
+
+
+def _table() -> dict[type, Callable[[Any], Sampler]]:
+    """Exact RV class -> (op -> sampler). Built once, on first use."""
+    import pytensor.tensor.random.basic as ptr
+    from pymc.distributions import continuous, discrete
+
+    same: dict[type, Sampler] = {
+        ptr.NormalRV: _normal,
+        ptr.HalfNormalRV: _halfnormal,
+        ptr.LogNormalRV: _lognormal,
+        ptr.CauchyRV: _cauchy,
+        ptr.HalfCauchyRV: _halfcauchy,
+        ptr.LaplaceRV: _laplace,
+        ptr.LogisticRV: _logistic,
+        ptr.GumbelRV: _gumbel,
+        ptr.StudentTRV: _studentt,
+        ptr.ExponentialRV: _exponential,
+        ptr.GammaRV: _gamma,
+        ptr.InvGammaRV: _invgamma,
+        ptr.BetaRV: _beta,
+        continuous.BetaClippedRV: _beta_clipped,
+        ptr.UniformRV: _uniform,
+        ptr.ParetoRV: _pareto,
+        ptr.WeibullRV: _weibull,
+        ptr.TriangularRV: _triangular,
+        ptr.WaldRV: _wald_standard,
+        continuous.WaldRV: _wald_pymc,
+        continuous.TruncatedNormalRV: _truncated_normal,
+        continuous.SkewNormalRV: _skewnormal,
+        continuous.MoyalRV: _moyal,
+        continuous.RiceRV: _rice,
+        ptr.BernoulliRV: _bernoulli,
+        ptr.BinomialRV: _binomial,
+        ptr.PoissonRV: _poisson,
+        ptr.NegBinomialRV: _negative_binomial,
+        ptr.GeometricRV: _geometric,
+        ptr.BetaBinomialRV: _beta_binomial,
+        ptr.CategoricalRV: _categorical,
+        ptr.IntegersRV: _integers,
+        discrete.DiscreteUniformRV: _discrete_uniform,
+        ptr.HyperGeometricRV: _hypergeometric,
+        ptr.DirichletRV: _dirichlet,
+        ptr.MultinomialRV: _multinomial,
+    }
+    table: dict[type, Callable[[Any], Sampler]] = {cls: _always(fn) for cls, fn in same.items()}
+    table[ptr.MvNormalRV] = lambda op: _mvnormal(getattr(op, "method", "cholesky"))
+    return table
+
+
+SAMPLERS: dict[type, Callable[[Any], Sampler]] = {}
+
+
+def sampler_for(op: Any) -> Sampler | None:
+    """Our sampler for the random variable `op`, or None where there is none."""
+    if not SAMPLERS:
+        SAMPLERS.update(_table())
+    make = SAMPLERS.get(type(op))
+    return None if make is None else make(op)
