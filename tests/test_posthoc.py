@@ -7,6 +7,7 @@ names, dims, coords, dtypes and attrs (all but the creation time).
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import numpy as np
@@ -344,21 +345,57 @@ def _non_jax():
     return {"backend": "c"} if PYMC6 else {"compile_kwargs": {"mode": "FAST_COMPILE"}}
 
 
-def test_fallback_to_pymc_with_a_note(model_and_posterior, runs):
+def test_fallback_to_pymc_as_asked_is_logged_not_warned(model_and_posterior, runs, caplog):
+    """A non-JAX compile that the user asked for runs pymc's own function, says so at INFO
+    on the package's logger, and warns nothing (pymc's own tests turn warnings into errors)."""
     model, post = model_and_posterior("counts")
     kwargs = dict(model=model, extend_inferencedata=False, progressbar=False, **_non_jax())
     theirs = PYMC["compute_log_likelihood"](idata_of(post), **kwargs)
-    with pymc_chunkpost.patched():
-        with pytest.warns(UserWarning, match="runs pymc's own function") as record:
-            ours = pm.compute_log_likelihood(idata_of(post), **kwargs)
-    assert len(record) == 1 and "\n" not in str(record[0].message)
+    caplog.set_level(logging.INFO, logger="pymc_chunkpost")
+    with pymc_chunkpost.patched(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = pm.compute_log_likelihood(idata_of(post), **kwargs)
+    (record,) = [r for r in caplog.records if r.name == "pymc_chunkpost"]
+    assert record.levelno == logging.INFO
+    assert "`compute_log_likelihood` runs pymc's own function" in record.getMessage()
+    assert "not JAX" in record.getMessage() and "\n" not in record.getMessage()
     assert runs == []
     assert_same(ours, theirs)
     # Extra compile arguments pymc alone understands fall back too.
+    caplog.clear()
     extra = {"compile_kwargs": {"profile": False}}
-    with pytest.warns(UserWarning, match="compile_kwargs"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         OURS["compute_log_prior"](idata_of(post), model=model, progressbar=False, **extra)
+    (record,) = [r for r in caplog.records if r.name == "pymc_chunkpost"]
+    assert "compile_kwargs" in record.getMessage()
     assert runs == []
+
+
+@pytest.mark.parametrize("via", ["backend", "compile_kwargs"])
+def test_deterministics_fallback_as_asked_warns_nothing(model_and_posterior, runs, via):
+    """pymc's own `test_compute_deterministics[backend|compile_kwargs]` shape: a non-JAX mode
+    under `filterwarnings("error")`; only pymc's own deprecation of `merge_dataset` is raised."""
+    if via == "backend" and not PYMC6:
+        pytest.skip("pymc 5 has no `backend`")
+    model, post = model_and_posterior("eight_schools")
+    dataset = post.drop_vars("theta")
+    mode = (
+        {"backend": "FAST_COMPILE"}
+        if via == "backend"
+        else {"compile_kwargs": {"mode": "FAST_COMPILE"}}
+    )
+    kwargs = dict(model=model, var_names=["theta"], progressbar=False, **mode)
+    theirs = PYMC["compute_deterministics"](dataset, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = OURS["compute_deterministics"](dataset, **kwargs)
+        if PYMC6:
+            with pytest.warns(FutureWarning, match="`merge_dataset` is deprecated"):
+                merged = OURS["compute_deterministics"](dataset, merge_dataset=True, **kwargs)
+            assert set(merged.data_vars) == set(dataset.data_vars) | {"theta"}
+    assert runs == []
+    assert_same(ours, theirs)
 
 
 def test_jax_backend_takes_the_route(model_and_posterior, runs):
