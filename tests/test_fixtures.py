@@ -34,6 +34,7 @@ def test_the_zoo_holds_every_kind():
     # Issue 12's kinds; the zoo benchmark runs exactly these.
     kinds = {
         "row-indexed hierarchical": "radon_slopes",
+        "varying intercepts and slopes per row": "varying_slopes",
         "dense basis": "basis",
         "Cholesky GP": "gp",
         "cumsum time series": "random_walk",
