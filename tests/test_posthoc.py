@@ -126,7 +126,7 @@ def as_dataset(x):
     return x.to_dataset() if hasattr(x, "to_dataset") else x
 
 
-def assert_same(ours, theirs):
+def assert_same_dataset(ours, theirs):
     """Same names (in order), dims, coords, dtypes, attrs (bar creation time); values 1e-12."""
     ours, theirs = as_dataset(ours), as_dataset(theirs)
     assert list(ours.data_vars) == list(theirs.data_vars)
@@ -147,7 +147,7 @@ def assert_same_idata(ours, theirs):
     groups = (lambda x: list(x.children)) if PYMC6 else (lambda x: list(x.groups()))
     assert groups(ours) == groups(theirs)
     for group in groups(theirs):
-        assert_same(ours[group], theirs[group])
+        assert_same_dataset(ours[group], theirs[group])
 
 
 @pytest.fixture
@@ -179,7 +179,7 @@ def test_log_likelihood_equals_pymc(model_and_posterior, runs, name, extend):
     if extend:
         assert_same_idata(ours, theirs)
     else:
-        assert_same(ours, theirs)
+        assert_same_dataset(ours, theirs)
 
 
 @pytest.mark.parametrize("extend", [True, False])
@@ -201,7 +201,7 @@ def test_log_prior_equals_pymc(model_and_posterior, runs, name, extend):
     if extend:
         assert_same_idata(ours, theirs)
     else:
-        assert_same(ours, theirs)
+        assert_same_dataset(ours, theirs)
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if n != "mvnormal"])
@@ -212,8 +212,8 @@ def test_deterministics_equal_pymc(model_and_posterior, runs, name):
     theirs = PYMC["compute_deterministics"](dataset, model=model, progressbar=False)
     ours = OURS["compute_deterministics"](dataset, model=model, progressbar=False)
     assert len(runs) == 1
-    assert_same(ours, theirs)
-    assert_same(ours, post[dets])  # and the deterministics the prior drew
+    assert_same_dataset(ours, theirs)
+    assert_same_dataset(ours, post[dets])  # and the deterministics the prior drew
 
 
 def test_deterministics_merge_and_extend(model_and_posterior):
@@ -223,7 +223,7 @@ def test_deterministics_merge_and_extend(model_and_posterior):
         warnings.simplefilter("ignore", FutureWarning)  # pymc 6 deprecates merge_dataset
         theirs = PYMC["compute_deterministics"](dataset, model=model, merge_dataset=True)
         ours = OURS["compute_deterministics"](dataset, model=model, merge_dataset=True)
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     if PYMC6:
         theirs = idata_of(dataset)
         ours = idata_of(dataset)
@@ -237,7 +237,7 @@ def test_var_names_order_and_subset(model_and_posterior):
     kwargs = dict(model=model, var_names=["hits", "events"], extend_inferencedata=False)
     ours = OURS["compute_log_likelihood"](idata_of(post), **kwargs, progressbar=False)
     theirs = PYMC["compute_log_likelihood"](idata_of(post), **kwargs, progressbar=False)
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
 
 
 def test_invalid_parameter_gives_minus_inf_as_pymc(model_and_posterior):
@@ -249,7 +249,7 @@ def test_invalid_parameter_gives_minus_inf_as_pymc(model_and_posterior):
     theirs = PYMC["compute_log_prior"](idata_of(post), **kwargs)
     ours = OURS["compute_log_prior"](idata_of(post), **kwargs)
     assert np.isneginf(as_dataset(theirs)["tau"].values[0, 0])
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     with pm.Model(coords={"i": range(5)}) as bad:
         s = pm.Normal("s")
         pm.Normal("y", 0.0, s, observed=np.zeros(5), dims="i")  # s < 0: an invalid sigma
@@ -276,11 +276,11 @@ def test_sample_dims(model_and_posterior, runs, kind):
     for name in ("compute_log_likelihood", "compute_log_prior"):
         theirs = PYMC[name](idata_of(dataset), extend_inferencedata=False, **kwargs)
         ours = OURS[name](idata_of(dataset), extend_inferencedata=False, **kwargs)
-        assert_same(ours, theirs)
+        assert_same_dataset(ours, theirs)
     dataset = dataset.drop_vars("mu")
     theirs = PYMC["compute_deterministics"](dataset, **kwargs)
     ours = OURS["compute_deterministics"](dataset, **kwargs)
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     assert len(runs) == 3
 
 
@@ -337,7 +337,7 @@ def test_patch_routes_and_unpatch_restores(model_and_posterior, runs):
     assert len(runs) == 3
     assert_same_idata(ours, PYMC["compute_log_likelihood"](idata_of(post), model=model))
     assert_same_idata(prior, PYMC["compute_log_prior"](idata_of(post), model=model))
-    assert_same(dets, post[["theta"]])
+    assert_same_dataset(dets, post[["theta"]])
 
 
 def _non_jax():
@@ -360,7 +360,7 @@ def test_fallback_to_pymc_as_asked_is_logged_not_warned(model_and_posterior, run
     assert "`compute_log_likelihood` runs pymc's own function" in record.getMessage()
     assert "not JAX" in record.getMessage() and "\n" not in record.getMessage()
     assert runs == []
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     # Extra compile arguments pymc alone understands fall back too.
     caplog.clear()
     extra = {"compile_kwargs": {"profile": False}}
@@ -395,7 +395,7 @@ def test_deterministics_fallback_as_asked_warns_nothing(model_and_posterior, run
                 merged = OURS["compute_deterministics"](dataset, merge_dataset=True, **kwargs)
             assert set(merged.data_vars) == set(dataset.data_vars) | {"theta"}
     assert runs == []
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
 
 
 def test_jax_backend_takes_the_route(model_and_posterior, runs):

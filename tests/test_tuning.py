@@ -21,12 +21,6 @@ from pymc_chunkpost import _disk, _planner, _postprocess, _tuning
 from pymc_chunkpost._executor import has_library_fusions, library_reductions
 
 
-@pytest.fixture(scope="module")
-def wide():
-    model = models.data_regression(n_obs=2000)
-    return model, models.jax_fn(model)
-
-
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A fresh tuning-cache folder for this test."""
