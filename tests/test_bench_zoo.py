@@ -20,6 +20,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow  # the benchmark script, 8 fresh processes
 def test_smoke_run_writes_runs_summary_and_tables(tmp_path, bench):
     out_json, out_md = tmp_path / "zoo.json", tmp_path / "zoo.md"
     done = run_script(SCRIPT, "--smoke", "--quiet", "--json", out_json, "--out", out_md)
@@ -119,12 +120,14 @@ def test_host_devices_flag_comes_last(bench, monkeypatch, devices, host_devices,
     assert want is None or flags[-1].endswith(f"={want}")
 
 
+@pytest.mark.slow  # the benchmark script
 def test_fewer_host_devices_than_devices_is_rejected():
     done = run_script(SCRIPT, "--devices", "4", "--host-devices", "2", timeout=120)
     assert done.returncode == 2
     assert "--host-devices 2 must be at least --devices 4" in done.stderr
 
 
+@pytest.mark.slow  # the benchmark script
 def test_list_names_the_zoo():
     from pymc_chunkpost.profiling.fixtures import ZOO
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import run_script
+
+pytestmark = pytest.mark.slow  # a benchmark script
 
 
 def test_cold_sweep_times_each_size_in_its_own_process(tmp_path):

@@ -7,6 +7,8 @@ import json
 import pytest
 from helpers import run_script
 
+pytestmark = pytest.mark.slow  # a benchmark script
+
 SCRIPT = "benchmarks/cold_call.py"
 
 

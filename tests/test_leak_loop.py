@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from helpers import run_script
+
+pytestmark = pytest.mark.slow  # a benchmark script
 
 
 def test_small_leak_loop_prints_both_columns_and_checks_the_ratio():

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import run_script
+
+pytestmark = pytest.mark.slow  # a benchmark script
 
 
 def test_library_fusions_bench(tmp_path):
