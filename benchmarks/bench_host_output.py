@@ -11,8 +11,9 @@ Cases (same chunk size for all):
   CPU a zero-copy, read-only view): the "device" output memory of the package today.
 - `host_view`, `host_pinned_copy`, `host_pinned_output`: `stream_to_host` with each `Transfer`.
 
-Run: `python benchmarks/bench_host_output.py [--repeat 3] [--n-obs 30000] [--chunk-size 128]`
-(prints a markdown table; cases alternate round-robin so that a shared machine's noise spreads).
+Run: `python benchmarks/bench_host_output.py [--repeat 3] [--n-obs 30000] [--chunk-size 128]
+[--json FILE]` (prints a markdown table; cases alternate round-robin so that a shared machine's
+noise spreads; `--json` keeps every run for `benchmarks/results_page.py`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def main(argv=None) -> int:
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--chunk-size", type=int, default=128)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument(
+        "--json", default=None, help="write every run here (benchmarks/results_page.py reads it)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = (args.n_obs, args.chains, args.draws, args.chunk_size)
@@ -123,13 +127,30 @@ def main(argv=None) -> int:
                 print(f"{case} failed: {done.stderr[-2000:]}", file=sys.stderr)
                 continue
             rows[case].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(report(rows, args.chunk_size, args.repeat))
+    if args.json:
+        record = {
+            "command": " ".join(["python benchmarks/bench_host_output.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d"),
+            "python": sys.version.split()[0],
+            "chunk_size": args.chunk_size,
+            "repeat": args.repeat,
+            "rows": rows,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+def report(rows: dict[str, list[dict]], chunk_size: int, repeat: int) -> str:
+    """The markdown table of `rows` (case -> its runs): medians, and time over "device"'s."""
     first = next(r for r in rows.values() if r)[0]
-    print(
+    lines = [
         f"jax {first['jax']}, {first['output_MiB']:.0f} MiB of outputs, chunk_size "
-        f"{args.chunk_size}, median of {args.repeat} fresh processes\n"
-    )
-    print("| case | run s | vs device | first run s | peak extra MiB | compile s | same values |")
-    print("|---|---|---|---|---|---|---|")
+        f"{chunk_size}, median of {repeat} fresh processes",
+        "",
+        "| case | run s | vs device | first run s | peak extra MiB | compile s | same values |",
+        "|---|---|---|---|---|---|---|",
+    ]
     base = statistics.median(r["seconds"] for r in rows["device"]) if rows.get("device") else None
     for case, runs in rows.items():
         if not runs:
@@ -137,13 +158,13 @@ def main(argv=None) -> int:
         seconds = statistics.median(r["seconds"] for r in runs)
         ratio = f"{seconds / base:.2f}" if base else "-"
         same = all(r["checksum"] == first["checksum"] for r in runs)
-        print(
+        lines.append(
             f"| {case} | {seconds:.3f} | {ratio} | "
             f"{statistics.median(r['first_seconds'] for r in runs):.3f} | "
             f"{statistics.median(r['peak_extra_MiB'] for r in runs):.0f} | "
             f"{statistics.median(r['compile_seconds'] for r in runs):.2f} | {same} |"
         )
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

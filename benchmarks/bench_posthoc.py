@@ -1,6 +1,9 @@
 """The post-hoc route against pymc's own `compute_log_likelihood`, each case in a fresh process.
 
-    python benchmarks/bench_posthoc.py --repeats 3 --out posthoc.md
+    python benchmarks/bench_posthoc.py --repeats 3 --out posthoc.md --json run.json
+
+`--json` keeps every run for benchmarks/results_page.py (kept in benchmarks/results/ under a
+name like `bench_posthoc_run7_py312.json`).
 
 Cases: a 4 x 1000-draw posterior of (a) `hier_2k`, a row-indexed hierarchical regression
 with 2,000 rows, (b) `eight_schools`, (c) `hier_30k`, the same with 30,000 rows (0.9 GiB of
@@ -25,7 +28,7 @@ every case, then the next); speed-ups are medians of the run-by-run ratios.
 
 Peak RSS (`VmHWM`) is not used: it counts the first touch of library code pages, and misses
 allocations that reuse heap pages another compile left resident, so the same call read 1.13x
-the floor after a trivial compile and 0.55x after the logp's (docs/posthoc.md).
+the floor after a trivial compile and 0.55x after the logp's (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -183,6 +186,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the markdown table here")
     parser.add_argument(
+        "--json", default=None, help="write every run here (benchmarks/results_page.py reads it)"
+    )
+    parser.add_argument(
         "--fresh",
         action="store_true",
         help="time the first call in a bare process (default: after building the model's "
@@ -228,6 +234,17 @@ def main() -> None:
     print(table)
     if args.out:
         Path(args.out).write_text(table)
+    if args.json:
+        record = {
+            "command": " ".join(["python benchmarks/bench_posthoc.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d"),
+            "python": sys.version.split()[0],
+            "cases": cases,
+            "methods": methods,
+            "fresh": args.fresh,
+            "runs": runs,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=1))
 
 
 def report(runs: list[dict], cases: list[str], methods: list[str], fresh: bool) -> str:

@@ -8,6 +8,12 @@ the write, so the caches can only save time.
 Writes that the caller need not wait for go to one background thread (`later`), which Python
 waits for at exit. A file written later reads back at once in this process: `read_bytes`
 sees a pending write before it reaches the disk.
+
+The folder is a trust boundary: the executable store loads native code from it. Folders are
+created readable and writable by their owner alone (0700), files likewise (0600), and what
+holds code is read only from a folder and file that the current user owns and that no one
+else can write (`trusted`, `read_bytes(..., private=True)`), as ssh refuses a key file that
+others can write.
 """
 
 from __future__ import annotations
@@ -17,19 +23,30 @@ import contextlib
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 
-__all__ = ["cache_dir", "read_bytes", "write_bytes", "write_later", "later", "wait"]
+__all__ = [
+    "cache_dir",
+    "trusted",
+    "read_bytes",
+    "write_bytes",
+    "write_later",
+    "later",
+    "wait",
+]
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _WORKER: int | None = None  # the background thread's ident, once it has started
 _LOCK = threading.Lock()
 #: Files queued by `write_later` and not yet on disk: what `read_bytes` returns for them.
 _PENDING: dict[Path, bytes] = {}
+#: Folders `trusted` refused in this process: each is warned about once.
+_REFUSED: set[Path] = set()
 
 
 def _reset_after_fork() -> None:
@@ -62,24 +79,84 @@ def cache_dir() -> Path | None:
     return Path(base).absolute() / "pymc_chunkpost"
 
 
-def read_bytes(path: Path) -> bytes | None:
+def _why_untrusted(status: os.stat_result) -> str | None:
+    """Why a file or folder with this status may hold someone else's code; None if only the
+    current user can have written it (or the system has no POSIX owners)."""
+    if not hasattr(os, "getuid"):
+        return None
+    if status.st_uid != os.getuid():
+        return "is not owned by you"
+    if status.st_mode & 0o022:
+        return "can be written by others"
+    return None
+
+
+def _refuse(where: Path, why: str) -> None:
+    if where in _REFUSED:
+        return
+    _REFUSED.add(where)
+    warnings.warn(
+        f"pymc_chunkpost: {where} {why}, so no compiled executable is loaded from it (an "
+        f"executable is code); compiling instead. Make it yours alone (`chmod go-w {where}`), "
+        "or point PYMC_CHUNKPOST_CACHE_DIR at a private folder.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def trusted(folder: Path, root: Path) -> bool:
+    """Whether `root` and every folder from it down to `folder` that exists are owned by the
+    current user and writable by no one else; warns once per folder refused."""
+    where = folder
+    while True:
+        try:
+            why = _why_untrusted(where.stat())
+        except OSError:
+            why = None  # not there yet: it will be created private
+        if why is not None:
+            _refuse(where, why)
+            return False
+        if where == root or where == where.parent:
+            return True
+        where = where.parent
+
+
+def read_bytes(path: Path, *, private: bool = False) -> bytes | None:
     """The file's bytes (or those of a write still queued for it), or None where it cannot
-    be read."""
+    be read. `private`: also None for a file on disk that `trusted` would refuse (checked on
+    the open file, so that it cannot be swapped between the check and the read)."""
     with _LOCK:
         pending = _PENDING.get(path)
     if pending is not None:
         return pending
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            why = _why_untrusted(os.fstat(f.fileno())) if private else None
+            if why is None:
+                return f.read()
     except OSError:
         return None
+    _refuse(path, why)
+    return None
+
+
+def _make_folders(folder: Path) -> None:
+    """Create `folder` and every missing folder above it, each its owner's alone (0700)."""
+    missing = []
+    while not folder.is_dir() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            new.mkdir(mode=0o700)
 
 
 def write_bytes(path: Path, data: bytes) -> bool:
-    """Write `data` to `path` atomically; False (and nothing raised) where that fails."""
+    """Write `data` to `path` atomically, readable by its owner alone (0600); False (and
+    nothing raised) where that fails."""
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_folders(path.parent)
         with tempfile.NamedTemporaryFile(
             "wb", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
         ) as f:

@@ -7,14 +7,16 @@ constants, a model's `pm.Data`, its shardings and donated inputs), the devices, 
 jaxlib versions, the backend's platform version and `XLA_FLAGS`. It is compared before
 anything is loaded, so other data of the same shapes, or anything else that changes the
 program, never loads an executable that computes something else: it compiles, and its
-executable replaces the file. A checksum of the payload guards against damage. The folder
+executable replaces the file. Beside the payload, the file names the devices XLA assigned
+the executable, which it is loaded onto. A checksum of both guards against damage. The folder
 (`<cache_dir>/executables`) is bounded by `MAX_BYTES`, the files used least recently going
 first; every failure reads as a miss (`_disk`).
 
 This is JAX's own persistent compilation cache, narrowed to our executables: JAX's keeps only
 compiles over `jax_persistent_cache_min_compile_time_secs` (1 s by default), and post-processing
 compiles in 0.03-0.6 s (docs/strategies.md). Like JAX's, it loads native code from the user's
-own cache folder, and `PYMC_CHUNKPOST_CACHE_DIR=""` turns it off.
+own cache folder, and `PYMC_CHUNKPOST_CACHE_DIR=""` turns it off. Unlike JAX's, it loads only
+from a folder and files that the current user owns and no one else can write (`_disk`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._disk import cache_dir, later, read_bytes, write_bytes
+from ._disk import cache_dir, later, read_bytes, trusted, write_bytes
 
 __all__ = [
     "Slot",
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 #: Bumped when the file layout changes; older files are then never read.
-MAGIC = b"pymc_chunkpost-executable-2\n"
+MAGIC = b"pymc_chunkpost-executable-3\n"
 #: The most bytes the folder holds; past it, the least recently used files are deleted until
 #: it holds three quarters of this.
 MAX_BYTES = 256 * 2**20
@@ -61,10 +63,14 @@ MAX_BYTES = 256 * 2**20
 MAX_CONSTANT_BYTES = 16 * 2**20
 SUBFOLDER = "executables"
 
-#: Set once this jaxlib failed to load a whole, checksummed file, or an executable it loaded
-#: or moved failed to run (`stop_loading`): nothing more is stored, loaded or moved in this
-#: process (some CPUs' loaders reject XLA's own files, as reported upstream).
-_LOADER_FAILED = False
+#: Set once this jaxlib failed to load a whole, checksummed file: nothing more is stored,
+#: loaded or moved in this process (some CPUs' loaders reject XLA's own files, as reported
+#: upstream).
+_LOADER_BROKEN = False
+#: Set once an executable that was loaded or moved failed to run (`stop_loading`): nothing
+#: more is loaded or moved in this process, but what it compiles in their place is stored,
+#: replacing the entry that failed.
+_LOADING_STOPPED = False
 #: Primitives whose compiled CPU code can be serialized only before its first run: XLA's
 #: sort picks its comparator when it first runs, and an executable that has sorted then
 #: fails to serialize ("`LessThan` is not serializable"). The executor serializes such
@@ -116,14 +122,16 @@ def _context(devices: Sequence[Any]) -> str:
 def slot_for(parts: Sequence[str], devices: Sequence[Any], constant_bytes: int) -> Slot | None:
     """The slot of an executable described by `parts` (what is known before lowering), run on
     `devices`; None where nothing is stored: the store is off, the program holds over
-    `MAX_CONSTANT_BYTES` of constants, this process's loader failed, or the run spans several
-    processes (`jax.distributed`)."""
+    `MAX_CONSTANT_BYTES` of constants, this process's loader is broken, the run spans
+    several processes (`jax.distributed`), or the folder may hold someone else's code
+    (`_disk.trusted`: it warns once)."""
     root = cache_dir()
     if (
         root is None
-        or _LOADER_FAILED
+        or _LOADER_BROKEN
         or constant_bytes > MAX_CONSTANT_BYTES
         or jax.process_count() > 1
+        or not trusted(root / SUBFOLDER, root)
     ):
         return None
     context = _context(devices)
@@ -144,11 +152,21 @@ class Portable:
     Invariant: it is serialized from an executable XLA compiled, never from one loaded from
     bytes (jaxlib 0.10's CPU client serializes a loaded one without its functions: it loads,
     then fails at its first call).
+
+    Attributes:
+        payload: the serialized executable.
+        in_tree: its arguments' tree.
+        out_tree: its results' tree.
+        devices: the ids of the devices XLA assigned it, in order: what it is loaded onto.
+            Not always the draws' devices: a program that reads no input and writes no
+            output (every output passed through) is compiled for one device, whatever
+            devices its arguments are on.
     """
 
     payload: bytes
     in_tree: Any
     out_tree: Any
+    devices: tuple[int, ...]
 
 
 def portable(compiled: Any) -> Portable | None:
@@ -157,7 +175,9 @@ def portable(compiled: Any) -> Portable | None:
     from jax.experimental import serialize_executable
 
     try:
-        return Portable(*serialize_executable.serialize(compiled))
+        devices = tuple(d.id for d in compiled.runtime_executable().local_devices())
+        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        return Portable(payload, in_tree, out_tree, devices)
     except Exception:  # noqa: BLE001 - a backend that cannot serialize cannot relocate
         return None
 
@@ -165,20 +185,25 @@ def portable(compiled: Any) -> Portable | None:
 def load(slot: Slot, lowered: Any) -> tuple[Any, Portable] | None:
     """The stored `jax.stages.Compiled` of `lowered`, loaded on the slot's devices, and the
     bytes it was loaded from; None on a miss."""
-    global _LOADER_FAILED
-    data = read_bytes(slot.path)
+    global _LOADER_BROKEN
+    if _LOADING_STOPPED:
+        return None
+    data = read_bytes(slot.path, private=True)
     if data is None or not data.startswith(MAGIC):
         return None  # a miss costs no import: the worker imports the serializer (`start_worker`)
     from jax.experimental import serialize_executable
 
     start = len(MAGIC)
     program, digest = data[start : start + 32], data[start + 32 : start + 64]
-    payload = data[start + 64 :]
+    body = data[start + 64 :]
     if program != _program_digest(slot, lowered):
         return None  # another program under the same name: other data, flags or devices
-    if hashlib.sha256(payload).digest() != digest:
+    if hashlib.sha256(body).digest() != digest:
         return None  # a damaged file: never handed to the loader
-    devices = list(slot.devices)
+    ids, _, payload = body.partition(b"\n")
+    devices = _devices(slot, ids)
+    if devices is None:
+        return None
     try:
         compiled = serialize_executable.deserialize_and_load(
             payload,
@@ -188,13 +213,25 @@ def load(slot: Slot, lowered: Any) -> tuple[Any, Portable] | None:
             execution_devices=devices,
         )
     except Exception:  # noqa: BLE001 - a whole file that this jaxlib cannot load is a miss
-        _LOADER_FAILED = True
+        _LOADER_BROKEN = True
         with contextlib.suppress(OSError):
             slot.path.unlink()
         return None
     with contextlib.suppress(OSError):
         os.utime(slot.path)  # used now: the last to be evicted
-    return compiled, Portable(payload, lowered.in_tree, lowered.out_tree)
+    code = Portable(payload, lowered.in_tree, lowered.out_tree, tuple(d.id for d in devices))
+    return compiled, code
+
+
+def _devices(slot: Slot, ids: bytes) -> list[Any] | None:
+    """The devices a stored executable was compiled for (`Portable.devices`), found among
+    this process's devices of the slot's platform; None if one is missing."""
+    local = {d.id: d for d in jax.local_devices(backend=slot.devices[0].platform)}
+    try:
+        found = [local.get(int(i)) for i in ids.split(b",")]
+    except ValueError:
+        return None
+    return None if not found or None in found else found
 
 
 def relocate(code: Portable, device: Any) -> Any:
@@ -206,7 +243,7 @@ def relocate(code: Portable, device: Any) -> Any:
     is the same, only the device it is assigned to changes (as JAX's own persistent cache
     loads a GPU executable on another GPU of its kind).
     """
-    if _LOADER_FAILED:
+    if _LOADER_BROKEN or _LOADING_STOPPED or len(code.devices) != 1:
         return None
     # No public API loads an executable with another device assigned: these are the calls
     # JAX's own persistent cache makes for it (`compilation_cache.get_executable_and_time`),
@@ -239,15 +276,16 @@ def relocate(code: Portable, device: Any) -> Any:
 
 
 def loading_stopped() -> bool:
-    """Whether nothing more is stored, loaded or moved in this process (`stop_loading`)."""
-    return _LOADER_FAILED
+    """Whether nothing more is loaded or moved in this process (`stop_loading`, or a broken
+    loader)."""
+    return _LOADER_BROKEN or _LOADING_STOPPED
 
 
 def stop_loading() -> None:
-    """Nothing more is stored, loaded or moved in this process: an executable that this
-    jaxlib loaded or moved failed to run."""
-    global _LOADER_FAILED
-    _LOADER_FAILED = True
+    """Nothing more is loaded or moved in this process: an executable that this jaxlib
+    loaded or moved failed to run. What is compiled in its place is still stored."""
+    global _LOADING_STOPPED
+    _LOADING_STOPPED = True
 
 
 class _Relocating(pickle.Unpickler):
@@ -291,13 +329,13 @@ def save_later(slot: Slot, lowered: Any, compiled: Any) -> None:
 
 
 def _save(slot: Slot, lowered: Any, compiled: Any) -> bool:
-    if _LOADER_FAILED:
+    if _LOADER_BROKEN:
         return False
     code = compiled if isinstance(compiled, Portable) else portable(compiled)
     if code is None:  # a backend that cannot serialize stores nothing
         return False
-    payload = code.payload
-    data = MAGIC + _program_digest(slot, lowered) + hashlib.sha256(payload).digest() + payload
+    body = ",".join(map(str, code.devices)).encode() + b"\n" + code.payload
+    data = MAGIC + _program_digest(slot, lowered) + hashlib.sha256(body).digest() + body
     if not write_bytes(slot.path, data):
         return False
     _evict(slot.path.parent)

@@ -341,6 +341,7 @@ def compile_executable(
             problem.fingerprint,
             ";".join(f"{s.shape}{s.dtype}" for s in problem.in_specs),
             str(problem.placement.spec),
+            repr(problem.placement.sharding),  # the devices, their mesh and memory kind
             "|".join(map(str, key[1:])),
         ]
         slots = [
@@ -371,8 +372,7 @@ def compile_executable(
     if (
         moved is None
         and found[0] is None
-        and (slots[0] is not None or movable)
-        and not _executable_store.loading_stopped()
+        and (slots[0] is not None or (movable and not _executable_store.loading_stopped()))
         and must_serialize_before_run(problem)
     ):
         step_code = _executable_store.portable(compiled) or compiled

@@ -1197,7 +1197,8 @@ def next_attempt(
 
     An executable that this process did not compile (loaded from the store, or moved from
     another device) that failed to run is compiled here, with the same plan and no online
-    tuning, and nothing more is loaded, moved or stored in this process.
+    tuning; one loaded from the store is replaced there by what is compiled here. Nothing
+    more is loaded or moved in this process.
 
     After running out of memory, halve the chunk that failed (`smaller`), in the loop it
     had, or in the planner's loop for a plan that had none. Stop, with the draws intact,
@@ -1220,12 +1221,8 @@ def next_attempt(
                 f"Post-processing failed in an executable {origin} ({error}), and inputs "
                 f"{list(lost)} had been donated to it and are lost."
             ) from error
-        warn(
-            f"An executable {origin} failed to run ({error}); compiling it here instead, "
-            "and nothing more is loaded, moved or stored in this process. The draws are "
-            "intact."
-        )
         size = failed.exe.chunk_size
+        replace = foreign is Origin.LOADED
         exe = _compile(
             jax_fn,
             problem,
@@ -1236,7 +1233,12 @@ def next_attempt(
             progress,
             failed.exe.output_memory,
             tuned=failed.exe.segments,
+            stored=replace,
         )
+        done = "compiling it here ran out of memory" if exe is None else "compiled it here"
+        if exe is not None and replace:
+            done += " and stored it in place of the one that failed"
+        warn(f"An executable {origin} failed to run ({error}); {done}. The draws are intact.")
         if exe is not None:
             what = "No loop" if size is None else f"Chunks of {size} draws"
             reason = f"{what}, as planned, compiled here: the executable {origin} failed to run."

@@ -2,7 +2,7 @@
 
 One small JSON file per key, in the cache folder (`_disk.cache_dir`). The key covers the
 per-draw function (its jaxpr and the shapes of its data), the draws' shapes and dtypes, the
-devices, and the jax and package versions, so a stale entry is never read for another
+devices, and the jax, jaxlib and package versions, so a stale entry is never read for another
 problem. Every failure reads as "no entry" or skips the write (`_disk`): the cache can only
 save time, never raise.
 """
@@ -32,6 +32,8 @@ def _our_version() -> str:
 
 def tuning_key(problem: Problem, request: str) -> str:
     """A stable key for `problem` planned under `request` (the strategy and output memory)."""
+    import jaxlib
+
     ours = _our_version()
     placement = problem.placement
     device = placement.device
@@ -39,6 +41,7 @@ def tuning_key(problem: Problem, request: str) -> str:
         str(FORMAT),
         ours,
         jax.__version__,
+        jaxlib.__version__,
         device.platform,
         str(getattr(device, "device_kind", "")),
         f"{placement.n_devices}:{placement.spec}",

@@ -9,6 +9,8 @@ turned off) compiles anew and gives pymc's outputs too.
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +43,12 @@ def _run(jax_fn, raw, **options):
     )
     _disk.wait()
     return outputs, plan
+
+
+def _as_in_a_new_process(monkeypatch):
+    """The store's process-wide flags as a new process has them, for this test only."""
+    monkeypatch.setattr(_executable_store, "_LOADER_BROKEN", False)
+    monkeypatch.setattr(_executable_store, "_LOADING_STOPPED", False)
 
 
 def _stored(cache):
@@ -192,7 +200,7 @@ def test_turned_off(monkeypatch, tmp_path, off):
 def test_a_loader_failure_deletes_the_file_and_stops_the_store(cache, monkeypatch):
     from jax.experimental import serialize_executable
 
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     model = models.transforms()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 2, 50)
@@ -253,6 +261,33 @@ def test_sharded_draws_load_on_their_devices(cache, monkeypatch, loop, spec):
     assert_same(outputs, reference(jax_fn, host))
     for out in outputs:
         assert out.sharding.is_equivalent_to(sharding, out.ndim)
+
+
+@pytest.mark.parametrize("n_devices", [2, 4])
+def test_a_program_with_nothing_to_compute_loads_on_its_own_device(cache, n_devices):
+    """Every output passed through: XLA compiles the program for one device, whatever
+    devices the draws are on, and it is loaded onto that device (`Portable.devices`)."""
+    with pm.Model() as model:
+        pm.Normal("x", 0.0, 1.0, shape=3)
+    jax_fn = models.jax_fn(model)
+    host = models.raw_draws(model, n_devices, 20)
+    mesh = Mesh(np.array(jax.devices()[:n_devices]), ("d",))
+    sharding = NamedSharding(mesh, PartitionSpec("d"))
+
+    def run():
+        clear_caches()
+        raw = [jax.device_put(jnp.asarray(x), sharding) for x in host]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            outputs, plan = _postprocess.run(jax_fn, raw, None, "auto")
+        _disk.wait()
+        return outputs, plan
+
+    _, first = run()
+    assert "loaded from disk" not in first.reason and _stored(cache)
+    outputs, plan = run()
+    assert plan.source == "cache" and "loaded from disk" in plan.reason
+    assert_same(outputs, reference(jax_fn, host))
 
 
 def test_programs_with_much_constant_data_are_not_stored(cache, monkeypatch):
@@ -336,7 +371,7 @@ def test_an_executable_loaded_from_disk_moves_from_its_bytes(cache, compiles):
 
 @pytest.mark.parametrize("refused", ["relocate_fails", "loading_stopped"])
 def test_an_executable_that_cannot_move_is_compiled(compiles, monkeypatch, refused):
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -383,10 +418,11 @@ def test_programs_with_much_constant_data_are_not_moved(compiles, monkeypatch):
 
 
 def test_relocate_refuses_what_it_cannot_load():
-    code = _executable_store.Portable(b"not an executable", None, None)
+    code = _executable_store.Portable(b"not an executable", None, None, (0,))
     assert _executable_store.relocate(code, jax.devices()[0]) is None
 
 
+LOAD = _executable_store.load
 NOT_FOUND = "INTERNAL: Function iota_compare_fusion not found"
 
 
@@ -407,7 +443,7 @@ class _FailsToRun:
 def _stored_then_loaded_broken(monkeypatch, message: str = NOT_FOUND):
     """A first run compiles and stores; from then on, what the store loads fails at its first
     call with `message`. Returns the function, the draws and the first run's plan."""
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     model = models.structured()
     jax_fn = models.jax_fn(model)
     raw = models.raw_draws(model, 4, 40)
@@ -424,16 +460,22 @@ def _stored_then_loaded_broken(monkeypatch, message: str = NOT_FOUND):
 
 @pytest.mark.parametrize("loop", [Loop.NONE, Loop.XLA, Loop.HOST])
 def test_a_loaded_executable_that_fails_to_run_is_compiled_here(cache, monkeypatch, loop):
-    """The draws are not lost to the store: the plan is compiled here and runs, and nothing
-    more is loaded (or stored) in this process."""
+    """The draws are not lost to the store: the plan is compiled here and runs, and is stored
+    in place of the entry that failed; nothing more is loaded in this process, and the next
+    process loads the replacement."""
     if loop is not Loop.NONE:
         monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)
     if loop is Loop.HOST:
         monkeypatch.setattr(_planner, "HOST_LOOP_MANY_BUFFERS", 0)
     jax_fn, raw, first = _stored_then_loaded_broken(monkeypatch)
     assert first.loop is loop and _stored(cache)
-    with pytest.warns(RuntimeWarning, match="loaded from disk failed to run.*draws are intact"):
+    saved = []
+    save = _executable_store._save
+    monkeypatch.setattr(_executable_store, "_save", lambda *a: saved.append(a[0].path) or save(*a))
+    message = "loaded from disk failed to run.*compiled it here and stored it in place"
+    with pytest.warns(RuntimeWarning, match=message + ".*draws are intact"):
         outputs, plan = _run(jax_fn, raw)
+    assert saved and set(saved) <= set(_stored(cache))  # the entries that failed, rewritten
     assert plan.source == "retry" and "compiled here" in plan.reason
     assert (plan.strategy, plan.chunk_size, plan.loop) == (first.strategy, first.chunk_size, loop)
     assert_same(outputs, reference(jax_fn, raw))
@@ -444,6 +486,11 @@ def test_a_loaded_executable_that_fails_to_run_is_compiled_here(cache, monkeypat
     assert compiles[0] > 0 and "loaded from disk" not in plan.reason
     assert_same(same, reference(jax_fn, raw))
     assert_same(again, reference(jax_fn, raw))
+    monkeypatch.setattr(_executable_store, "load", LOAD)  # a new process: a loader that works
+    _as_in_a_new_process(monkeypatch)
+    replaced, plan = _run(jax_fn, raw)
+    assert plan.source == "cache" and "loaded from disk" in plan.reason
+    assert_same(replaced, reference(jax_fn, raw))
 
 
 def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
@@ -456,7 +503,7 @@ def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
 
     if tuple(map(int, jaxlib.__version__.split(".")[:2])) > (0, 10):
         pytest.skip("later jaxlib serialize a loaded executable whole: nothing fails")
-    monkeypatch.setattr(_executable_store, "_LOADER_FAILED", False)
+    _as_in_a_new_process(monkeypatch)
     monkeypatch.setattr(_planner, "VMAP_TEMP_BYTES", 0)  # an XLA loop: its copy fails
     model = models.structured()
     jax_fn = models.jax_fn(model)
@@ -511,7 +558,7 @@ def test_a_loaded_executable_out_of_memory_is_the_memory_policys(cache, monkeypa
     with pytest.warns(RuntimeWarning, match="ran out of memory"):
         outputs, plan = _run(jax_fn, raw)
     assert plan.source == "retry" and plan.chunk_size < first.chunk_size
-    assert not _executable_store._LOADER_FAILED
+    assert not _executable_store.loading_stopped()
     assert_same(outputs, reference(jax_fn, raw))
 
 
@@ -530,3 +577,62 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     assert retries(Attempt(None, exe, tuned), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, exe, None), failure)  # type: ignore[arg-type]
     assert not retries(Attempt(None, loaded, None), ValueError("not XLA's"))  # type: ignore[arg-type]
+
+
+# The folder is a trust boundary (`_disk.trusted`): an executable in it is code.
+
+
+def test_the_folder_and_its_files_are_private(cache):
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    _run(jax_fn, models.raw_draws(model, 2, 50))
+    folder = cache / _executable_store.SUBFOLDER
+    assert (folder.stat().st_mode & 0o777) == 0o700
+    assert _stored(cache) and all((f.stat().st_mode & 0o777) == 0o600 for f in _stored(cache))
+
+
+def _chown_to_someone_else(path):
+    if os.getuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    os.chown(path, 4321, -1)
+
+
+def _files(cache, change):
+    for f in _stored(cache):
+        change(f)
+
+
+@pytest.mark.parametrize(
+    "make_untrusted, why, replaced",
+    [
+        (lambda cache: cache.chmod(0o777), "can be written by others", False),
+        (lambda cache: (cache / "executables").chmod(0o770), "written by others", False),
+        (_chown_to_someone_else, "is not owned by you", False),
+        (lambda cache: _files(cache, _chown_to_someone_else), "not owned by you", True),
+        (lambda cache: _files(cache, lambda f: f.chmod(0o666)), "written by others", True),
+    ],
+    ids=["folder", "subfolder-group", "folder-owner", "file-owner", "file"],
+)
+def test_a_folder_or_file_others_can_write_is_refused(
+    cache, monkeypatch, make_untrusted, why, replaced
+):
+    """Nothing is loaded from it: one warning names it and the fix, and the run compiles and
+    gives pymc's outputs. A refused file is replaced by what is compiled in its place (the
+    folder is ours, and the file, written anew, too); a refused folder is never read again
+    in this process."""
+    monkeypatch.setattr(_disk, "_REFUSED", set())
+    model = models.transforms()
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 50)
+    _run(jax_fn, raw)
+    assert _stored(cache)
+    make_untrusted(cache)
+    with pytest.warns(RuntimeWarning, match=f"{why}.*chmod go-w.*PYMC_CHUNKPOST_CACHE_DIR"):
+        outputs, plan = _run(jax_fn, raw)
+    assert "loaded from disk" not in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        again, plan = _run(jax_fn, raw)
+    assert ("loaded from disk" in plan.reason) is replaced
+    assert_same(again, reference(jax_fn, raw))

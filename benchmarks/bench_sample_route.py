@@ -1,0 +1,166 @@
+"""pymc's own parallel-chain route, `pm.sample(nuts_sampler="numpyro", chains=4)`, patched and not.
+
+    python benchmarks/bench_sample_route.py --repeats 3 --json bench_sample_route.json
+
+What a user meets when a notebook runs again: each case samples one model in a fresh Python
+process, with one chain per CPU device (pymc's default route on a CPU), and times the
+post-processing calls pymc makes in it (`pymc.sampling.jax._postprocess_samples`, for the
+posterior and the log-likelihood) and the whole `pm.sample` call.
+
+Cases:
+- `pymc`: unpatched pymc.
+- `cold`: `pymc_chunkpost.patch()`, with a new empty cache folder.
+- `warm`: the same, in a new process that reuses the folder the same repeat's cold run left.
+
+Models: `untransformed` (untransformed free variables and no deterministic: the
+post-processing program computes nothing, every output passes a draw through), and
+`regression` (a HalfNormal scale and a 2,000-row Deterministic). Cases run round-robin, and
+each run reports whether any warning mentioned an executable (the warm route must warn
+nothing) and, patched, where each executable came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+CASES = ("pymc", "cold", "warm")
+MODELS = ("untransformed", "regression")
+
+
+def build(name: str):
+    import numpy as np
+    import pymc as pm
+
+    rng = np.random.default_rng(0)
+    with pm.Model() as model:
+        if name == "untransformed":
+            beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+            x = rng.normal(size=(200, 3))
+            pm.Normal("y", x @ beta, 1.0, observed=x @ [1.0, -1.0, 0.5] + rng.normal(size=200))
+        else:
+            x = rng.normal(size=2000)
+            beta = pm.Normal("beta", 0.0, 1.0, shape=2)
+            sigma = pm.HalfNormal("sigma", 1.0)
+            mu = pm.Deterministic("mu", beta[0] + beta[1] * x)
+            pm.Normal("y", mu, sigma, observed=1.0 + 2.0 * x + rng.normal(size=2000))
+    return model
+
+
+def child(case: str, name: str, draws: int) -> dict:
+    """One case, in this process: the seconds spent post-processing and in `pm.sample`."""
+    import pymc as pm
+    import pymc.sampling.jax as pmjax
+
+    import pymc_chunkpost
+    from pymc_chunkpost import _postprocess
+
+    if case != "pymc":
+        pymc_chunkpost.patch()
+    post_seconds, reasons = [], []
+    original = pmjax._postprocess_samples
+
+    def timed(*args, **kwargs):
+        tic = time.perf_counter()
+        out = original(*args, **kwargs)
+        post_seconds.append(time.perf_counter() - tic)
+        return out
+
+    pmjax._postprocess_samples = timed
+    run = _postprocess.run
+
+    def recorded(*args, **kwargs):
+        outputs, plan = run(*args, **kwargs)
+        reasons.append(plan.reason)
+        return outputs, plan
+
+    _postprocess.run = recorded
+    model = build(name)
+    with warnings.catch_warnings(record=True) as caught, model:
+        warnings.simplefilter("always")
+        tic = time.perf_counter()
+        pm.sample(
+            nuts_sampler="numpyro",
+            chains=4,
+            draws=draws,
+            tune=200,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+            idata_kwargs={"log_likelihood": True},
+        )
+        total = time.perf_counter() - tic
+    return {
+        "postprocess_seconds": sum(post_seconds),
+        "sample_seconds": total,
+        "loaded": sum("loaded from disk" in r for r in reasons),
+        "plans": len(reasons),
+        "executable_warnings": [str(w.message) for w in caught if "executable" in str(w.message)],
+    }
+
+
+def run_case(case: str, name: str, draws: int, cache: Path) -> dict:
+    env = {**os.environ, "PYMC_CHUNKPOST_CACHE_DIR": str(cache)}
+    env.pop("XLA_FLAGS", None)  # pymc's own: 100 CPU devices
+    command = [sys.executable, __file__, "--child", case, name, str(draws)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict) -> str:
+    """Medians (min-max) of the post-processing time per case and model."""
+    lines = [
+        "| model | case | post-processing s | pm.sample s | loaded | executable warnings |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, by_case in results.items():
+        for case, runs in by_case.items():
+            post = [r["postprocess_seconds"] for r in runs]
+            total = [r["sample_seconds"] for r in runs]
+            loaded = f"{sum(r['loaded'] for r in runs)}/{sum(r['plans'] for r in runs)}"
+            warned = sum(len(r["executable_warnings"]) for r in runs)
+            lines.append(
+                f"| {name} | {case} | {statistics.median(post):.3f} ({min(post):.3f}-"
+                f"{max(post):.3f}) | {statistics.median(total):.2f} | {loaded} | {warned} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", nargs=3, metavar=("CASE", "MODEL", "DRAWS"))
+    args = parser.parse_args(argv)
+    if args.child:
+        case, name, draws = args.child
+        print(json.dumps(child(case, name, int(draws))))
+        return
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown or args.repeats < 1:
+        parser.error(f"--models takes {', '.join(MODELS)}; --repeats >= 1 (got {unknown})")
+    results: dict = {name: {case: [] for case in CASES} for name in models}
+    for _ in range(args.repeats):
+        for name in models:
+            with tempfile.TemporaryDirectory() as cache:
+                for case in CASES:  # warm reuses the folder its cold run left
+                    results[name][case].append(run_case(case, name, args.draws, Path(cache)))
+    print(table(results))
+    if args.json:
+        record = {"benchmark": "bench_sample_route", "draws": args.draws, "results": results}
+        args.json.write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
