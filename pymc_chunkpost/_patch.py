@@ -152,7 +152,8 @@ def patch(*, posterior_predictive: bool = False) -> None:
     `compute_deterministics`, wherever pymc exposes them; see `POSTHOC_TARGETS`) to
     `pymc_chunkpost`'s, which return the same result and take the same options as keyword
     arguments (`postprocessing_vectorize`, `chunk_size`, ...). A non-JAX `backend=` or
-    `compile_kwargs` runs pymc's own function, with a warning.
+    `compile_kwargs` runs pymc's own function, as asked (logged at INFO on the
+    `pymc_chunkpost` logger, not warned).
 
     With `posterior_predictive=True` it also routes `pm.sample_posterior_predictive` to
     `pymc_chunkpost.sample_posterior_predictive` (same arguments and structure, our options as

@@ -7,18 +7,21 @@ evaluated over all draws by `postprocess_samples`'s engine, and the result is pa
 the very xarray objects pymc returns (pymc 6: `xarray.DataTree`/`Dataset`; pymc 5:
 `arviz.InferenceData`/`Dataset`).
 
-What the JAX route cannot honour (a non-JAX `backend=`/`compile_kwargs`, a graph with no JAX
-implementation, sample dims pymc 5 cannot take) runs pymc's own function, with a one-line
-`UserWarning`: the answer is always pymc's.
+What the JAX route cannot honour runs pymc's own function: the answer is always pymc's. Where
+the user asked for it (a non-JAX `backend=`, pymc-only `compile_kwargs`) that is said at INFO
+on the `pymc_chunkpost` logger, not as a warning (pymc's own tests turn warnings into errors);
+where the route fails them (a graph with no JAX implementation, sample dims pymc 5 cannot
+take) it is a one-line `UserWarning`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -54,6 +57,7 @@ _CACHE_PER_MODEL = 8  # jaxified graphs kept per model (each holds its compiled 
 # Weakly keyed on the model: a model that is gone takes its graphs, and their compiled
 # executables, with it; `clear_caches` empties it.
 _GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
+_log = logging.getLogger("pymc_chunkpost")
 
 
 def compute_log_likelihood(
@@ -90,10 +94,10 @@ def compute_log_likelihood(
             (such as "sample" from `arviz.extract`), or (pymc 6) none, for one point.
         progressbar: show a progress bar over chunks while a loop runs.
         backend: pymc 6's compile backend. None or "jax" take this route; any other runs
-            pymc's own function, with a warning.
+            pymc's own function, as asked (logged at INFO on the `pymc_chunkpost` logger).
         compile_kwargs: pymc's extra compile arguments. Only `{"mode": "JAX"}` (or a JAX
-            `Mode`) can be honoured here; anything else runs pymc's own function, with a
-            warning.
+            `Mode`) can be honoured here; anything else runs pymc's own function, as asked
+            (logged at INFO).
         postprocessing_backend: the device to compute on: None (the default device), "cpu"
             or "gpu". The result is always numpy arrays on the host, as pymc's.
         postprocessing_vectorize: the strategy, one of `STRATEGIES` (see
@@ -209,9 +213,9 @@ def compute_deterministics(
             "`merge_dataset` and `extend_dataset` cannot be combined. "
             "`extend_dataset` already keeps the values of the original dataset."
         )
-    reason = _fallback_reason(pymc_args)
-    if reason is not None:
-        return _fall_back(original, name, reason, dataset, pymc_args)
+    fallback = _fallback_reason(pymc_args)
+    if fallback is not None:
+        return _fall_back(original, name, fallback, dataset, pymc_args)
     import pymc
 
     if pymc_args.get("merge_dataset") and _pymc6():
@@ -238,7 +242,7 @@ def compute_deterministics(
     outputs = [model[n] for n in names]
     graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
-        return _fall_back(original, name, graph, original_object, pymc_args)
+        return _fall_back(original, name, _Fallback(graph, asked=False), original_object, pymc_args)
     values = _evaluate(graph, draws, ours)
     new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
     if pymc_args.get("extend_dataset"):
@@ -257,9 +261,9 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     idata = arguments["idata"]
     pymc_args, ours = _split(name, arguments)
     original = _pymc(name)
-    reason = _fallback_reason(pymc_args)
-    if reason is not None:
-        return _fall_back(original, name, reason, idata, pymc_args)
+    fallback = _fallback_reason(pymc_args)
+    if fallback is not None:
+        return _fall_back(original, name, fallback, idata, pymc_args)
     posterior = _posterior(idata)
     model = pymc.modelcontext(pymc_args["model"])
     target = _KIND_TARGETS[kind]
@@ -283,7 +287,7 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     key = (kind, None if var_names is None else tuple(names))
     graph = _graph(model, key, build)
     if isinstance(graph, str):
-        return _fall_back(original, name, graph, idata, pymc_args)
+        return _fall_back(original, name, _Fallback(graph, asked=False), idata, pymc_args)
     values = _evaluate(graph, draws, ours)
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
@@ -368,7 +372,14 @@ def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     return pymc_args, ours
 
 
-def _fallback_reason(pymc_args: dict[str, Any]) -> str | None:
+class _Fallback(NamedTuple):
+    """Why pymc's own function runs instead of the JAX route."""
+
+    reason: str
+    asked: bool  # the user asked for pymc's compile: logged, not warned
+
+
+def _fallback_reason(pymc_args: dict[str, Any]) -> _Fallback | None:
     """Why the JAX route cannot give pymc's answer for these arguments; None when it can."""
     backend = pymc_args.get("backend")
     compile_kwargs = pymc_args.get("compile_kwargs") or {}
@@ -377,11 +388,11 @@ def _fallback_reason(pymc_args: dict[str, Any]) -> str | None:
     mode = backend if backend is not None else compile_kwargs.get("mode")
     if mode is not None and not _is_jax(mode):
         what = "backend" if backend is not None else "compile_kwargs['mode']"
-        return f"`{what}={mode!r}` is not JAX"
+        return _Fallback(f"`{what}={mode!r}` is not JAX", asked=True)
     if others := sorted(set(compile_kwargs) - {"mode"}):
-        return f"`compile_kwargs` {others} apply to pymc's compiled function only"
+        return _Fallback(f"`compile_kwargs` {others} apply to pymc's compiled function only", True)
     if len(pymc_args["sample_dims"]) != 2 and not _pymc6():
-        return "pymc 5 takes two `sample_dims` only"
+        return _Fallback("pymc 5 takes two `sample_dims` only", asked=False)
     return None
 
 
@@ -395,12 +406,15 @@ def _is_jax(mode: Any) -> bool:
         return False
 
 
-def _fall_back(original: Callable, name: str, reason: str, first: Any, pymc_args: dict) -> Any:
-    warnings.warn(
-        f"pymc_chunkpost: `{name}` runs pymc's own function ({reason}).",
-        UserWarning,
-        stacklevel=3,
-    )
+def _fall_back(
+    original: Callable, name: str, fallback: _Fallback, first: Any, pymc_args: dict
+) -> Any:
+    """pymc's own `original`: logged where the user asked for it, else a one-line warning."""
+    if fallback.asked:
+        _log.info("`%s` runs pymc's own function (%s).", name, fallback.reason)
+    else:
+        message = f"pymc_chunkpost: `{name}` runs pymc's own function ({fallback.reason})."
+        warnings.warn(message, UserWarning, stacklevel=3)
     return original(first, **pymc_args)
 
 

@@ -44,3 +44,11 @@ def built():
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """An observation-level deterministic of 2,000 points: 16 KiB per draw. Built once per
+    module (not per session), so that no module finds another's compiled executables."""
+    model = models.data_regression(n_obs=2000)
+    return model, models.jax_fn(model)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +22,16 @@ def reference(jax_fn, raw):
     return pymc_postprocess(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
 
 
-def assert_same(outputs, expected, rtol=1e-10):
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def assert_same(outputs, expected, rtol=1e-10, *, on_host=False):
+    """The same number of outputs, each of the expected shape and dtype, values within
+    `rtol`; with `on_host`, each output is a numpy array (landed on the host)."""
     assert len(outputs) == len(expected)
     for got, want in zip(outputs, expected):
+        if on_host:
+            assert isinstance(got, np.ndarray)
         assert got.shape == want.shape
         assert got.dtype == want.dtype
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=0)
@@ -71,3 +83,12 @@ def count_compiles(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", counted)
     return count
+
+
+def run_script(path, *args, timeout=600) -> subprocess.CompletedProcess:
+    """`path` (relative to the repository root, such as "benchmarks/cold_call.py") run with
+    `args` in a fresh Python that imports this checkout's package; output captured as text."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, str(ROOT / path), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)

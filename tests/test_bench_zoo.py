@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT, run_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_zoo.py"
+SCRIPT = ROOT / "benchmarks" / "bench_zoo.py"
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +20,10 @@ def bench():
     return module
 
 
+@pytest.mark.slow  # the benchmark script, 8 fresh processes
 def test_smoke_run_writes_runs_summary_and_tables(tmp_path, bench):
     out_json, out_md = tmp_path / "zoo.json", tmp_path / "zoo.md"
-    command = [sys.executable, str(SCRIPT), "--smoke", "--quiet", "--json", str(out_json)]
-    done = subprocess.run(
-        [*command, "--out", str(out_md)], capture_output=True, text=True, timeout=600
-    )
+    done = run_script(SCRIPT, "--smoke", "--quiet", "--json", out_json, "--out", out_md)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out_json.read_text())
     runs = result["runs"]
@@ -62,12 +58,7 @@ def test_smoke_run_writes_runs_summary_and_tables(tmp_path, bench):
     assert all(f"**{model}**" in text for model in bench.SMOKE_MODELS)
     assert "**NO**" not in text
     # The tables can be rebuilt from the JSON alone.
-    again = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tables-from", str(out_json)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = run_script(SCRIPT, "--tables-from", out_json, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.strip() == text.strip()
 
@@ -129,23 +120,18 @@ def test_host_devices_flag_comes_last(bench, monkeypatch, devices, host_devices,
     assert want is None or flags[-1].endswith(f"={want}")
 
 
+@pytest.mark.slow  # the benchmark script
 def test_fewer_host_devices_than_devices_is_rejected():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--devices", "4", "--host-devices", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_script(SCRIPT, "--devices", "4", "--host-devices", "2", timeout=120)
     assert done.returncode == 2
     assert "--host-devices 2 must be at least --devices 4" in done.stderr
 
 
+@pytest.mark.slow  # the benchmark script
 def test_list_names_the_zoo():
     from pymc_chunkpost.profiling.fixtures import ZOO
 
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, timeout=120
-    )
+    done = run_script(SCRIPT, "--list", timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     listed = [line.split()[0] for line in done.stdout.splitlines() if not line.startswith("cases")]
     assert listed == list(ZOO)

@@ -336,6 +336,7 @@ def split_results():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh process with 4 CPU devices
 class TestSplitMappedAxis:
     """The mapped axis split over 4 CPU devices stays split: values, gradients and jvps equal
     `jax.vmap`'s, outputs are split as the inputs, and no device's temporaries hold the whole

@@ -50,6 +50,7 @@ def test_bad_arguments_exit_with_a_message(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the profiling harness: a fresh process per case
 def test_profile_writes_report_with_equal_rows(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["profile", "--fixture", "eight_schools", "--chains", "2", "--draws", "10"]
@@ -68,6 +69,7 @@ def test_profile_writes_report_with_equal_rows(tmp_path, capsys):
     assert _rows(capsys.readouterr().out) == rows
 
 
+@pytest.mark.slow  # the profiling harness: a fresh process per case
 def test_profile_user_model_with_draws_npz(tmp_path):
     source = tmp_path / "user_model.py"
     source.write_text(
@@ -91,6 +93,7 @@ def test_profile_user_model_with_draws_npz(tmp_path):
     assert "3 chains x 7 draws" in report
 
 
+@pytest.mark.slow  # samples with numpyro, then a fresh process per case
 def test_demo_samples_and_compares(tmp_path, capsys):
     out = tmp_path / "demo"
     argv = ["demo", "--fixture", "eight_schools", "--chains", "2", "--draws", "20"]
@@ -141,6 +144,7 @@ def test_version(capsys):
     assert capsys.readouterr().out.split() == ["pymc-chunkpost", pymc_chunkpost.__version__]
 
 
+@pytest.mark.slow  # the profiling harness: a fresh process per case
 def test_profile_fails_when_a_case_crashed(tmp_path, capsys):
     # The builder loads in this process (which checks the model) and crashes in the child.
     source = tmp_path / "crash_model.py"

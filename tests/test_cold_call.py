@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import run_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cold_call.py"
+pytestmark = pytest.mark.slow  # a benchmark script
+
+SCRIPT = "benchmarks/cold_call.py"
 
 
 def test_one_round_times_the_steps_of_both_cases(tmp_path):
     out = tmp_path / "cold.json"
-    command = [sys.executable, str(SCRIPT), "--rounds", "1", "--draws", "20", "--json", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = run_script(SCRIPT, "--rounds", "1", "--draws", "20", "--json", out)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     (auto,), (pymc,) = result["runs"]["auto"], result["runs"]["pymc_vmap"]
@@ -30,7 +29,5 @@ def test_one_round_times_the_steps_of_both_cases(tmp_path):
 
 
 def test_bad_arguments_are_refused_before_any_run():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rounds", "0"], capture_output=True, text=True
-    )
+    done = run_script(SCRIPT, "--rounds", "0", timeout=120)
     assert done.returncode == 2 and "must be positive" in done.stderr

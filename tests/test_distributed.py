@@ -22,6 +22,8 @@ from helpers import reference
 
 import pymc_chunkpost
 
+pytestmark = pytest.mark.slow  # several processes under jax.distributed
+
 TIMEOUT_SECONDS = 120
 N_PROCESSES = 2
 

@@ -34,6 +34,7 @@ def test_the_zoo_holds_every_kind():
     # Issue 12's kinds; the zoo benchmark runs exactly these.
     kinds = {
         "row-indexed hierarchical": "radon_slopes",
+        "varying intercepts and slopes per row": "varying_slopes",
         "dense basis": "basis",
         "Cholesky GP": "gp",
         "cumsum time series": "random_walk",
@@ -64,6 +65,7 @@ def test_zoo_transforms_and_dtypes():
     assert dtypes["rank"] == dtypes["best"] == dtypes["n_positive"] == "int64"
 
 
+@pytest.mark.slow  # builds every fixture model
 def test_raw_draws_shapes_and_seeding(built):
     _, model = built
     point = model.initial_point()
@@ -75,6 +77,7 @@ def test_raw_draws_shapes_and_seeding(built):
     assert not any(np.array_equal(a, b) for a, b in zip(draws, other))
 
 
+@pytest.mark.slow  # pytensor compiles every fixture model (many_scalars: minutes)
 def test_jax_fn_matches_pytensor(built):
     # The per-draw function against PyTensor's own (C/Python) evaluation of the same outputs.
     # Different backends and LAPACK routines: the GP's jittered 100 x 100 Cholesky is
@@ -93,6 +96,7 @@ def test_jax_fn_matches_pytensor(built):
             np.testing.assert_allclose(np.asarray(got)[0, d], want, rtol=1e-7, atol=1e-8)
 
 
+@pytest.mark.slow  # real sampling
 def test_output_names_match_what_pymc_samples():
     model = FIXTURES["eight_schools"].build()
     with model:

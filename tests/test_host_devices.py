@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    not os.path.isdir("/proc/self/task"), reason="counts threads in /proc"
-)
+pytestmark = [
+    pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc"),
+    pytest.mark.slow,  # fresh Pythons with other device counts
+]
 
 # Prints the device count and the number of XLA CPU compute threads after one computation.
 PROBE = """

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import models
 import numpy as np
 import pytest
-from pymc.sampling.jax import _postprocess_samples as pymc_postprocess
+from helpers import assert_same, reference
 
 from pymc_chunkpost._host_output import (
     Transfer,
@@ -52,23 +52,14 @@ def run_host(jax_fn, raw, chunk_size, transfer=None, on_progress=None, compiled=
     )
 
 
-def assert_same(outputs, expected, rtol=1e-10):
-    assert len(outputs) == len(expected)
-    for got, want in zip(outputs, expected):
-        assert isinstance(got, np.ndarray)
-        assert got.shape == want.shape
-        assert got.dtype == want.dtype
-        np.testing.assert_allclose(got, np.asarray(want), rtol=rtol, atol=0)
-
-
 @pytest.mark.parametrize("transfer", list(Transfer))
 @pytest.mark.parametrize("chains,draws,chunk_size", SHAPES)
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_matches_pymc(built, name, chains, draws, chunk_size, transfer):
     model, jax_fn = built(name)
     raw = [jnp.asarray(x) for x in models.raw_draws(model, chains, draws, seed=draws)]
-    expected = pymc_postprocess(jax_fn, raw, None, "vmap")
-    assert_same(run_host(jax_fn, raw, chunk_size, transfer), expected)
+    expected = reference(jax_fn, raw)
+    assert_same(run_host(jax_fn, raw, chunk_size, transfer), expected, on_host=True)
 
 
 @pytest.mark.parametrize("transfer", list(Transfer))
@@ -77,7 +68,7 @@ def test_float32_and_integer_outputs(built, transfer):
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 11)]
     assert raw[0].dtype == np.float32
     outputs = run_host(jax_fn, raw, 4, transfer)
-    assert_same(outputs, pymc_postprocess(jax_fn, raw, None, "vmap"), rtol=1e-6)
+    assert_same(outputs, reference(jax_fn, raw), rtol=1e-6, on_host=True)
     assert {o.dtype.kind for o in outputs} >= {"f", "i"}  # "positive" is an integer count
     assert np.dtype(np.float32) in {o.dtype for o in outputs}
 
@@ -127,7 +118,7 @@ class TestArrays:
         given = [np.full(s.shape, 7, s.dtype) for s in out_specs]
         outputs = run_host(jax_fn, raw, 4, out=given)
         assert all(o is g for o, g in zip(outputs, given))
-        assert_same(outputs, pymc_postprocess(jax_fn, raw, None, "vmap"))
+        assert_same(outputs, reference(jax_fn, raw), on_host=True)
 
 
 @pytest.mark.parametrize("transfer", list(Transfer))
@@ -162,7 +153,7 @@ class TestDeviceMemory:
             return ys
 
         outputs = run_host(jax_fn, raw, 6, transfer, compiled=counting)
-        assert_same(outputs, pymc_postprocess(jax_fn, raw, None, "vmap"))
+        assert_same(outputs, reference(jax_fn, raw), on_host=True)
         assert len(chunks) == 7  # 40 draws in chunks of 6
         assert max(alive) <= 2
         if transfer is not Transfer.PINNED_COPY:
@@ -214,7 +205,7 @@ class TestOutOfMemory:
         del caught
         # A retry with the same draws succeeds.
         outputs = run_host(jax_fn, raw, 6, compiled=compiled)
-        assert_same(outputs, pymc_postprocess(jax_fn, raw, None, "vmap"))
+        assert_same(outputs, reference(jax_fn, raw), on_host=True)
 
     def test_raised_when_dispatching_the_third_chunk(self, built):
         jax_fn, host, raw, compiled = self.setup(built)

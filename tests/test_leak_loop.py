@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+from helpers import run_script
+
+pytestmark = pytest.mark.slow  # a benchmark script
 
 
 def test_small_leak_loop_prints_both_columns_and_checks_the_ratio():
     argv = ["--models", "2", "--rows", "500", "--cols", "20", "--draws", "10"]
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "leak_loop.py"), *argv, "--max-ratio", "0.5"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    proc = run_script("benchmarks/leak_loop.py", *argv, "--max-ratio", "0.5", timeout=300)
     # No library runs in half of pymc's RSS (both load jax and pymc): the check must fire.
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "above --max-ratio 0.5" in proc.stderr

@@ -4,18 +4,17 @@ fusion, and its table reports what each setting compiled."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "library_fusions.py"
+import pytest
+from helpers import run_script
+
+pytestmark = pytest.mark.slow  # a benchmark script
 
 
 def test_library_fusions_bench(tmp_path):
     out = tmp_path / "fusions.json"
-    command = [sys.executable, str(SCRIPT), "--case", "radon_slopes:5", "--repeats", "1"]
-    command += ["--draws", "10", "--json", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    args = ["--case", "radon_slopes:5", "--repeats", "1", "--draws", "10", "--json", out]
+    done = run_script("benchmarks/library_fusions.py", *args)
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads(out.read_text())
     settings = row["settings"]

@@ -16,12 +16,6 @@ from pymc_chunkpost import _postprocess, _resources
 from pymc_chunkpost._problem import Placement
 
 
-@pytest.fixture(scope="module")
-def wide():
-    model = models.data_regression(n_obs=2000)
-    return model, models.jax_fn(model)
-
-
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 @pytest.mark.parametrize("options", [{}, {"chunk_size": 7}, {"progressbar": True}])
 @pytest.mark.parametrize("output_memory", ["host", "device"])

@@ -192,6 +192,7 @@ REAL = [
 ]
 
 
+@pytest.mark.slow  # real NUTS runs, patched and not (the routing is checked with fake_nuts)
 @pytest.mark.parametrize("entry, sampler, options, strategy, chunk_size", REAL)
 def test_patched_run_equals_pymc(runs, entry, sampler, options, strategy, chunk_size):
     # Reference: unpatched pymc at the same seed. `sample_{numpyro,blackjax}_nuts` are

@@ -27,13 +27,6 @@ from pymc_chunkpost._executor import CompileOutOfMemory
 
 
 @pytest.fixture(scope="module")
-def wide():
-    """An observation-level deterministic of 2,000 points: 16 KiB per draw."""
-    model = models.data_regression(n_obs=2000)
-    return model, models.jax_fn(model)
-
-
-@pytest.fixture(scope="module")
 def wider():
     """An observation-level deterministic of 5,000 points: 40 KiB per draw."""
     model = models.data_regression(n_obs=5000)
@@ -186,9 +179,6 @@ class TestOutOfMemoryRetry:
 
     @pytest.fixture
     def failing(self, monkeypatch):
-        attempts = []
-        real = _postprocess.execute
-
         attempts, limit = [], [16]
         real = _postprocess.execute
 

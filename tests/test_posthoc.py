@@ -7,6 +7,7 @@ names, dims, coords, dtypes and attrs (all but the creation time).
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import numpy as np
@@ -124,7 +125,7 @@ def as_dataset(x):
     return x.to_dataset() if hasattr(x, "to_dataset") else x
 
 
-def assert_same(ours, theirs):
+def assert_same_dataset(ours, theirs):
     """Same names (in order), dims, coords, dtypes, attrs (bar creation time); values 1e-12."""
     ours, theirs = as_dataset(ours), as_dataset(theirs)
     assert list(ours.data_vars) == list(theirs.data_vars)
@@ -145,7 +146,7 @@ def assert_same_idata(ours, theirs):
     groups = (lambda x: list(x.children)) if PYMC6 else (lambda x: list(x.groups()))
     assert groups(ours) == groups(theirs)
     for group in groups(theirs):
-        assert_same(ours[group], theirs[group])
+        assert_same_dataset(ours[group], theirs[group])
 
 
 @pytest.fixture
@@ -177,7 +178,7 @@ def test_log_likelihood_equals_pymc(model_and_posterior, runs, name, extend):
     if extend:
         assert_same_idata(ours, theirs)
     else:
-        assert_same(ours, theirs)
+        assert_same_dataset(ours, theirs)
 
 
 @pytest.mark.parametrize("extend", [True, False])
@@ -194,7 +195,7 @@ def test_log_prior_equals_pymc(model_and_posterior, runs, name, extend):
     if extend:
         assert_same_idata(ours, theirs)
     else:
-        assert_same(ours, theirs)
+        assert_same_dataset(ours, theirs)
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if n != "mvnormal"])
@@ -205,8 +206,8 @@ def test_deterministics_equal_pymc(model_and_posterior, runs, name):
     theirs = PYMC["compute_deterministics"](dataset, model=model, progressbar=False)
     ours = OURS["compute_deterministics"](dataset, model=model, progressbar=False)
     assert len(runs) == 1
-    assert_same(ours, theirs)
-    assert_same(ours, post[dets])  # and the deterministics the prior drew
+    assert_same_dataset(ours, theirs)
+    assert_same_dataset(ours, post[dets])  # and the deterministics the prior drew
 
 
 def test_deterministics_merge_and_extend(model_and_posterior):
@@ -216,7 +217,7 @@ def test_deterministics_merge_and_extend(model_and_posterior):
         warnings.simplefilter("ignore", FutureWarning)  # pymc 6 deprecates merge_dataset
         theirs = PYMC["compute_deterministics"](dataset, model=model, merge_dataset=True)
         ours = OURS["compute_deterministics"](dataset, model=model, merge_dataset=True)
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     if PYMC6:
         theirs = idata_of(dataset)
         ours = idata_of(dataset)
@@ -230,7 +231,7 @@ def test_var_names_order_and_subset(model_and_posterior):
     kwargs = dict(model=model, var_names=["hits", "events"], extend_inferencedata=False)
     ours = OURS["compute_log_likelihood"](idata_of(post), **kwargs, progressbar=False)
     theirs = PYMC["compute_log_likelihood"](idata_of(post), **kwargs, progressbar=False)
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
 
 
 def test_invalid_parameter_gives_minus_inf_as_pymc(model_and_posterior):
@@ -242,7 +243,7 @@ def test_invalid_parameter_gives_minus_inf_as_pymc(model_and_posterior):
     theirs = PYMC["compute_log_prior"](idata_of(post), **kwargs)
     ours = OURS["compute_log_prior"](idata_of(post), **kwargs)
     assert np.isneginf(as_dataset(theirs)["tau"].values[0, 0])
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     with pm.Model(coords={"i": range(5)}) as bad:
         s = pm.Normal("s")
         pm.Normal("y", 0.0, s, observed=np.zeros(5), dims="i")  # s < 0: an invalid sigma
@@ -269,11 +270,11 @@ def test_sample_dims(model_and_posterior, runs, kind):
     for name in ("compute_log_likelihood", "compute_log_prior"):
         theirs = PYMC[name](idata_of(dataset), extend_inferencedata=False, **kwargs)
         ours = OURS[name](idata_of(dataset), extend_inferencedata=False, **kwargs)
-        assert_same(ours, theirs)
+        assert_same_dataset(ours, theirs)
     dataset = dataset.drop_vars("mu")
     theirs = PYMC["compute_deterministics"](dataset, **kwargs)
     ours = OURS["compute_deterministics"](dataset, **kwargs)
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     assert len(runs) == 3
 
 
@@ -330,7 +331,7 @@ def test_patch_routes_and_unpatch_restores(model_and_posterior, runs):
     assert len(runs) == 3
     assert_same_idata(ours, PYMC["compute_log_likelihood"](idata_of(post), model=model))
     assert_same_idata(prior, PYMC["compute_log_prior"](idata_of(post), model=model))
-    assert_same(dets, post[["theta"]])
+    assert_same_dataset(dets, post[["theta"]])
 
 
 def _non_jax():
@@ -338,21 +339,57 @@ def _non_jax():
     return {"backend": "c"} if PYMC6 else {"compile_kwargs": {"mode": "FAST_COMPILE"}}
 
 
-def test_fallback_to_pymc_with_a_note(model_and_posterior, runs):
+def test_fallback_to_pymc_as_asked_is_logged_not_warned(model_and_posterior, runs, caplog):
+    """A non-JAX compile that the user asked for runs pymc's own function, says so at INFO
+    on the package's logger, and warns nothing (pymc's own tests turn warnings into errors)."""
     model, post = model_and_posterior("counts")
     kwargs = dict(model=model, extend_inferencedata=False, progressbar=False, **_non_jax())
     theirs = PYMC["compute_log_likelihood"](idata_of(post), **kwargs)
-    with pymc_chunkpost.patched():
-        with pytest.warns(UserWarning, match="runs pymc's own function") as record:
-            ours = pm.compute_log_likelihood(idata_of(post), **kwargs)
-    assert len(record) == 1 and "\n" not in str(record[0].message)
+    caplog.set_level(logging.INFO, logger="pymc_chunkpost")
+    with pymc_chunkpost.patched(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = pm.compute_log_likelihood(idata_of(post), **kwargs)
+    (record,) = [r for r in caplog.records if r.name == "pymc_chunkpost"]
+    assert record.levelno == logging.INFO
+    assert "`compute_log_likelihood` runs pymc's own function" in record.getMessage()
+    assert "not JAX" in record.getMessage() and "\n" not in record.getMessage()
     assert runs == []
-    assert_same(ours, theirs)
+    assert_same_dataset(ours, theirs)
     # Extra compile arguments pymc alone understands fall back too.
+    caplog.clear()
     extra = {"compile_kwargs": {"profile": False}}
-    with pytest.warns(UserWarning, match="compile_kwargs"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         OURS["compute_log_prior"](idata_of(post), model=model, progressbar=False, **extra)
+    (record,) = [r for r in caplog.records if r.name == "pymc_chunkpost"]
+    assert "compile_kwargs" in record.getMessage()
     assert runs == []
+
+
+@pytest.mark.parametrize("via", ["backend", "compile_kwargs"])
+def test_deterministics_fallback_as_asked_warns_nothing(model_and_posterior, runs, via):
+    """pymc's own `test_compute_deterministics[backend|compile_kwargs]` shape: a non-JAX mode
+    under `filterwarnings("error")`; only pymc's own deprecation of `merge_dataset` is raised."""
+    if via == "backend" and not PYMC6:
+        pytest.skip("pymc 5 has no `backend`")
+    model, post = model_and_posterior("eight_schools")
+    dataset = post.drop_vars("theta")
+    mode = (
+        {"backend": "FAST_COMPILE"}
+        if via == "backend"
+        else {"compile_kwargs": {"mode": "FAST_COMPILE"}}
+    )
+    kwargs = dict(model=model, var_names=["theta"], progressbar=False, **mode)
+    theirs = PYMC["compute_deterministics"](dataset, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = OURS["compute_deterministics"](dataset, **kwargs)
+        if PYMC6:
+            with pytest.warns(FutureWarning, match="`merge_dataset` is deprecated"):
+                merged = OURS["compute_deterministics"](dataset, merge_dataset=True, **kwargs)
+            assert set(merged.data_vars) == set(dataset.data_vars) | {"theta"}
+    assert runs == []
+    assert_same_dataset(ours, theirs)
 
 
 def test_jax_backend_takes_the_route(model_and_posterior, runs):

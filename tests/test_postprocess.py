@@ -224,6 +224,7 @@ class TestBadInput:
         self.check(case, ValueError, "not available.*cpu", case[1], "gpu", "auto", True)
 
 
+@pytest.mark.slow  # real NUTS sampling through pymc
 def test_end_to_end_numpyro_through_pymc():
     """Sample with numpyro the way pymc does, then post-process both ways."""
     from pymc_chunkpost.profiling.fixtures import sample_raw_draws

@@ -271,6 +271,7 @@ def test_shard_by_shard_plan_says_what_the_first_shard_chose(gp, monkeypatch, tm
     assert ran.source == "rule" and "tuning cache" not in ran.reason
 
 
+@pytest.mark.slow  # a fresh process with 4 CPU devices
 def test_gp_on_every_device_of_a_4_device_jax_returns():
     """The README's advice (one CPU device per chain) with a GP: on jaxlib 0.10 this hung
     forever before `serial_shards`; on later jaxlib it runs the shards together."""

@@ -36,12 +36,6 @@ def library_reductions(exe):
     return _compat.library_reductions(hlo_text(exe))
 
 
-@pytest.fixture(scope="module")
-def wide():
-    model = models.data_regression(n_obs=2000)
-    return model, models.jax_fn(model)
-
-
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A fresh tuning-cache folder for this test."""

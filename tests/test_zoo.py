@@ -26,6 +26,12 @@ FLOAT32_MODEL = "softmax"
 # get the zoo's.
 SMALL = {"many_scalars": lambda: many_scalars(n=20)}
 FULL_SIZE_ONLY_FOR = ("auto", "vmap")
+# On the zoo, the default run checks `auto`, pymc's `vmap` and `chunked`; the other explicit
+# loops (checked on the test models in test_postprocess.py) run with the slow tests.
+ZOO_STRATEGIES = [
+    s if s in ("auto", "vmap", "chunked") else pytest.param(s, marks=pytest.mark.slow)
+    for s in pc.STRATEGIES
+]
 
 
 # The GP's jittered 100 x 100 ExpQuad covariance is ill-conditioned: batched and per-draw
@@ -88,7 +94,7 @@ def test_zoo_has_one_model_of_each_kind():
     assert set(ZOO) <= set(FIXTURES)
 
 
-@pytest.mark.parametrize("strategy", pc.STRATEGIES)
+@pytest.mark.parametrize("strategy", ZOO_STRATEGIES)
 @pytest.mark.parametrize("name", ZOO)
 def test_matches_pymc(zoo, name, strategy):
     if name in SMALL and strategy not in FULL_SIZE_ONLY_FOR:
@@ -115,6 +121,7 @@ def test_integer_outputs_are_integers(zoo):
     assert sum(np.issubdtype(y.dtype, np.integer) for y in expected) == 3
 
 
+@pytest.mark.slow  # the zoo again, with a schedule forced that the planner takes where it pays
 @pytest.mark.parametrize("strategy", ["vmap", "scan_vmap", "auto"])
 @pytest.mark.parametrize("name", ZOO)
 def test_matches_pymc_with_every_jaxpr_scheduled(zoo, name, strategy, monkeypatch, configure):

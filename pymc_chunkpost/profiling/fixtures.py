@@ -307,6 +307,31 @@ def radon_slopes(n_obs: int = 20_000, n_groups: int = 468, n_features: int = 3) 
     return model
 
 
+def varying_slopes(n_obs: int = 30_000, n_groups: int = 85) -> pm.Model:
+    """Varying intercepts and slopes indexed per row: `mu = a[group] + b[group] * x`.
+
+    The most common PyMC shape (radon's 85 counties), one predictor: two gathers and a
+    multiply per row; `mu` is a deterministic of `n_obs` values per draw (240 KB in float64).
+    """
+    rng = np.random.default_rng(85)
+    group = rng.integers(0, n_groups, n_obs)
+    x = rng.standard_normal(n_obs)
+    y = 1.0 + 0.5 * x + rng.standard_normal(n_obs)
+    with pm.Model() as model:
+        mu_a = pm.Normal("mu_a", 0.0, 5.0)
+        sigma_a = pm.HalfNormal("sigma_a", 1.0)
+        mu_b = pm.Normal("mu_b", 0.0, 1.0)
+        sigma_b = pm.HalfNormal("sigma_b", 1.0)
+        a_z = pm.Normal("a_z", 0.0, 1.0, shape=n_groups)
+        b_z = pm.Normal("b_z", 0.0, 1.0, shape=n_groups)
+        a = pm.Deterministic("a", mu_a + sigma_a * a_z)
+        b = pm.Deterministic("b", mu_b + sigma_b * b_z)
+        mu = pm.Deterministic("mu", a[group] + b[group] * x)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y", mu, sigma, observed=y)
+    return model
+
+
 def basis(n_obs: int = 4000, n_basis: int = 60) -> pm.Model:
     """A dense basis expansion: Gaussian bumps, `mu = B @ beta` with `B` of `n_obs` x `n_basis`.
 
@@ -456,6 +481,11 @@ FIXTURES: dict[str, Fixture] = {
             "row-indexed hierarchical: 20k rows, 468 groups, a[idx] + slopes[:, idx]",
             radon_slopes,
         ),
+        Fixture(
+            "varying_slopes",
+            "varying intercepts and slopes per row: 30k rows, 85 groups, a[g] + b[g] * x",
+            varying_slopes,
+        ),
         Fixture("basis", "dense basis expansion mu = B @ beta, 4000 rows x 60 bumps", basis),
         Fixture(
             "random_walk", "cumsum random walk, 4000 steps, softplus Poisson rate", random_walk
@@ -493,6 +523,7 @@ ZOO: tuple[str, ...] = (
     "big_det",
     "many_scalars",
     "radon_slopes",
+    "varying_slopes",
     "basis",
     "random_walk",
     "softmax",
