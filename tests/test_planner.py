@@ -705,7 +705,8 @@ def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, mo
 @pytest.mark.parametrize("shards, cores, together", [(1, 2, 1), (4, 2, 2), (4, 8, 4), (2, 2, 2)])
 def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monkeypatch, configure):
     """Shards on one CPU run at once, up to one per core, and share its caches: each aims at
-    `target_chunk_bytes` over the shards running together (docs/zoo.md, run 5)."""
+    `target_chunk_bytes` over the shards running together (docs/strategies.md#chunk-target-bytes,
+    "Split over shards")."""
     import types
 
     configure(target_chunk_bytes=8 * 2**20)
