@@ -115,6 +115,19 @@ def run_case(case: str, name: str, draws: int, cache: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def header(repeats: int, draws: int) -> str:
+    """What the table is, for the results page."""
+    from importlib.metadata import version
+
+    return (
+        f'pymc {version("pymc")}, jax {version("jax")}: `pm.sample(nuts_sampler="numpyro", '
+        f"chains=4)`, {draws} draws, one chain per CPU device; medians (min-max) of {repeats} "
+        "fresh processes per case. Post-processing s: pymc's `_postprocess_samples` calls "
+        "(posterior and log-likelihood); loaded: plans whose executable came from the cache "
+        "folder, of all plans; executable warnings: warnings that mention an executable."
+    )
+
+
 def table(results: dict) -> str:
     """Medians (min-max) of the post-processing time per case and model."""
     lines = [
@@ -158,7 +171,13 @@ def main(argv: list[str] | None = None) -> None:
                     results[name][case].append(run_case(case, name, args.draws, Path(cache)))
     print(table(results))
     if args.json:
-        record = {"benchmark": "bench_sample_route", "draws": args.draws, "results": results}
+        record = {
+            "benchmark": "bench_sample_route",
+            "draws": args.draws,
+            "header": header(args.repeats, args.draws),
+            "table": table(results),
+            "results": results,
+        }
         args.json.write_text(json.dumps(record, indent=1))
 
 

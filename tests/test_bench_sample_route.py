@@ -39,7 +39,9 @@ def test_one_round_loads_warm_and_warns_nothing(tmp_path):
     bench_sample_route.main(["--repeats", "1", "--draws", "20", "--json", str(out)])
     import json
 
-    results = json.loads(out.read_text())["results"]
+    record = json.loads(out.read_text())
+    assert record["table"].count("\n| ") == 6 and "pymc " in record["header"]  # results page
+    results = record["results"]
     for by_case in results.values():
         (warm,) = by_case["warm"]
         assert warm["loaded"] == warm["plans"] > 0 and not warm["executable_warnings"]
