@@ -243,7 +243,7 @@ def compute_deterministics(
     graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
         return _fall_back(original, name, _Fallback(graph, asked=False), original_object, pymc_args)
-    values = _evaluate(graph, draws, ours)
+    values = _evaluate(graph, draws, ours, "Computing deterministics")
     new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
     if pymc_args.get("extend_dataset"):
         dataset.update(new_dataset)
@@ -288,7 +288,7 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     graph = _graph(model, key, build)
     if isinstance(graph, str):
         return _fall_back(original, name, _Fallback(graph, asked=False), idata, pymc_args)
-    values = _evaluate(graph, draws, ours)
+    values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
         return result
@@ -657,13 +657,15 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
 
 
-def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any]) -> list[np.ndarray]:
+def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any], label: str) -> list[np.ndarray]:
     """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes."""
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
     arrays = [draws.arrays[name] for name in graph.input_names]
-    outputs, _ = _postprocess.run(graph.jax_fn, arrays, backend, strategy, False, **ours)
+    outputs, _ = _postprocess.run(
+        graph.jax_fn, arrays, backend, strategy, False, progress_label=label, **ours
+    )
     values: list[np.ndarray] = []
     while outputs:
         array = _host_array(outputs.pop(0), arrays)

@@ -729,7 +729,15 @@ def _evaluate(
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
-    outputs, _ = _postprocess.run(built.fn, [keys, *arrays], backend, strategy, False, **ours)
+    outputs, _ = _postprocess.run(
+        built.fn,
+        [keys, *arrays],
+        backend,
+        strategy,
+        False,
+        progress_label=f"Sampling {', '.join(built.output_names)}",
+        **ours,
+    )
     values_by_name: dict[str, np.ndarray] = {}
     for name in built.output_names:
         array = _host_array(outputs.pop(0), arrays)
