@@ -385,7 +385,7 @@ def log_likelihood(
     def per_draw(*values: Any) -> dict[str, Any]:
         return _log_likelihood_draw(model, dict(zip(names, values)), args, kwargs)
 
-    return _map(model, per_draw, draws, batch_shape, options)[0]
+    return _map(model, per_draw, draws, batch_shape, options, "Log-likelihood")[0]
 
 
 def _predict(
@@ -416,7 +416,7 @@ def _predict(
             model, key, samples, return_sites, condition_deterministic, args, kwargs
         )
 
-    return _map(owner, per_draw, [*draws, keys], batch_shape, options)
+    return _map(owner, per_draw, [*draws, keys], batch_shape, options, "Predictive")
 
 
 # --- one draw, as numpyro computes it ------------------------------------------------------
@@ -670,9 +670,11 @@ def _map(
     inputs: list[Any],
     batch_shape: tuple[int, ...],
     options: _Options,
+    label: str,
 ) -> tuple[dict[str, Any], Plan | None]:
     """`per_draw` (one draw's inputs to a dict of outputs) over `inputs`, each of shape
-    `(chains, draws, ...)`; the outputs shaped `batch_shape + ...`."""
+    `(chains, draws, ...)`; the outputs shaped `batch_shape + ...`; `label` names the
+    progress bar."""
     specs = [
         jax.ShapeDtypeStruct(tuple(x.shape[2:]), jax.dtypes.canonicalize_dtype(x.dtype))
         for x in inputs
@@ -695,6 +697,7 @@ def _map(
         memory_budget=options.memory_budget,
         progressbar=options.progressbar,
         output_memory=options.output_memory,
+        progress_label=label,
     )
     result = {
         name: _unbatch(y, batch_shape, forwarded)

@@ -16,7 +16,6 @@ take) it is a one-line `UserWarning`.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 import warnings
@@ -30,6 +29,7 @@ from ._cache import FunctionCache
 from ._graph import jaxify
 from ._memory import resolve_device
 from ._options import check_options
+from ._pymc_model import expected_shapes, fingerprint, host_array, is_jax_mode, pymc6
 
 __all__ = ["compute_log_likelihood", "compute_log_prior", "compute_deterministics"]
 
@@ -218,7 +218,7 @@ def compute_deterministics(
         return _fall_back(original, name, fallback, dataset, pymc_args)
     import pymc
 
-    if pymc_args.get("merge_dataset") and _pymc6():
+    if pymc_args.get("merge_dataset") and pymc6():
         warnings.warn(
             "`merge_dataset` is deprecated and will be removed in a future release. "
             "Use `extend_dataset=True` to add the deterministics to the original dataset, "
@@ -227,7 +227,7 @@ def compute_deterministics(
             stacklevel=2,
         )
     original_object = dataset
-    if _pymc6():
+    if pymc6():
         # pymc's own private helper, for pymc's own rule and errors on whole DataTrees.
         from pymc.sampling.deterministic import _select_group
 
@@ -243,7 +243,7 @@ def compute_deterministics(
     graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
         return _fall_back(original, name, _Fallback(graph, asked=False), original_object, pymc_args)
-    values = _evaluate(graph, draws, ours)
+    values = _evaluate(graph, draws, ours, "Computing deterministics")
     new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
     if pymc_args.get("extend_dataset"):
         dataset.update(new_dataset)
@@ -288,11 +288,11 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     graph = _graph(model, key, build)
     if isinstance(graph, str):
         return _fall_back(original, name, _Fallback(graph, asked=False), idata, pymc_args)
-    values = _evaluate(graph, draws, ours)
+    values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
         return result
-    if _pymc6():
+    if pymc6():
         idata[f"log_{kind}"] = result
     else:
         idata.add_groups({f"log_{kind}": result})
@@ -300,12 +300,6 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
 
 
 # --- arguments ---------------------------------------------------------------------------
-
-
-def _pymc6() -> bool:
-    import pymc
-
-    return int(pymc.__version__.split(".")[0]) >= 6
 
 
 def _pymc(name: str) -> Callable:
@@ -386,24 +380,14 @@ def _fallback_reason(pymc_args: dict[str, Any]) -> _Fallback | None:
     if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
         raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
     mode = backend if backend is not None else compile_kwargs.get("mode")
-    if mode is not None and not _is_jax(mode):
+    if mode is not None and not is_jax_mode(mode):
         what = "backend" if backend is not None else "compile_kwargs['mode']"
         return _Fallback(f"`{what}={mode!r}` is not JAX", asked=True)
     if others := sorted(set(compile_kwargs) - {"mode"}):
         return _Fallback(f"`compile_kwargs` {others} apply to pymc's compiled function only", True)
-    if len(pymc_args["sample_dims"]) != 2 and not _pymc6():
+    if len(pymc_args["sample_dims"]) != 2 and not pymc6():
         return _Fallback("pymc 5 takes two `sample_dims` only", asked=False)
     return None
-
-
-def _is_jax(mode: Any) -> bool:
-    from pytensor.compile.mode import get_mode
-    from pytensor.link.jax.linker import JAXLinker
-
-    try:
-        return isinstance(get_mode(mode).linker, JAXLinker)
-    except (ValueError, KeyError, TypeError, AttributeError):  # not a mode pytensor knows
-        return False
 
 
 def _fall_back(
@@ -509,7 +493,7 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
             "Was it sampled from another model, or with `var_names` that left them out?"
         )
     sample_dims = list(sample_dims)
-    expected_shapes = _expected_shapes(model)
+    expected = expected_shapes(model)
     arrays, sample_shape = {}, None
     for rv in free:
         data = dataset[rv.name]
@@ -522,10 +506,10 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
         n = len(sample_dims)
         shape, event = values.shape[:n], values.shape[n:]
         # JAX would clamp an out-of-range index where pymc raises: shapes must match.
-        if event != expected_shapes[rv.name]:
+        if event != expected[rv.name]:
             raise ValueError(
                 f"`{what}[{rv.name!r}]` has shape {event} per draw, but the model's "
-                f"{rv.name!r} has shape {expected_shapes[rv.name]}. Pass the model the draws "
+                f"{rv.name!r} has shape {expected[rv.name]}. Pass the model the draws "
                 "came from (with the same data and coords)."
             )
         sample_shape = shape if sample_shape is None else sample_shape
@@ -536,36 +520,6 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
         return None
     stacked = {d: dataset[names[0]][d] for d in sample_dims}  # as pymc takes them
     return _Draws(arrays, tuple(sample_shape), stacked)
-
-
-def _expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
-    """Each free variable's shape: static, else from its dims, else evaluated (cached)."""
-    from pytensor.compile.sharedvalue import SharedVariable
-    from pytensor.graph.basic import Constant
-
-    def length(dim):
-        value = model.dim_lengths.get(dim)
-        if isinstance(value, SharedVariable):
-            return int(value.get_value())
-        if isinstance(value, Constant):
-            return int(value.data)
-        return None
-
-    shapes: dict[str, Any] = {}
-    for rv in model.free_RVs:
-        dims = model.named_vars_to_dims.get(rv.name) or (None,) * rv.type.ndim
-        shapes[rv.name] = tuple(
-            s if s is not None else (length(d) if d is not None else None)
-            for s, d in zip(rv.type.shape, dims)
-        )
-    if all(None not in shape for shape in shapes.values()):
-        return shapes
-    key = ("shapes", _fingerprint(model))
-    evaluated = _GRAPHS.get(model, key)
-    if evaluated is None:  # shapes that depend on data: one small function, compiled once
-        evaluated = model.eval_rv_shapes()
-        _GRAPHS.put(model, key, evaluated)
-    return {name: tuple(int(n) for n in evaluated[name]) for name in shapes}
 
 
 class _Graph:
@@ -586,7 +540,7 @@ def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
     and on the model's variables and data: `pm.set_data` gives a new graph, as pymc's data would be
     baked in as constants.
     """
-    key = (*key, _fingerprint(model))
+    key = (*key, fingerprint(model))
     cached = _GRAPHS.get(model, key)
     if cached is not None:
         return cached
@@ -606,25 +560,6 @@ def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
             return "the graph draws random numbers"
     _GRAPHS.put(model, key, graph)
     return graph
-
-
-def _fingerprint(model: Any) -> tuple:
-    """The model's variables, check_bounds, and a digest of its data (`pm.Data`, dims)."""
-    from pytensor.compile.sharedvalue import SharedVariable
-
-    digest = hashlib.blake2b(digest_size=16)
-    shared = [v for v in model.named_vars.values() if isinstance(v, SharedVariable)]
-    shared += [v for v in model.dim_lengths.values() if isinstance(v, SharedVariable)]
-    for variable in shared:
-        value = np.ascontiguousarray(variable.get_value(borrow=True))
-        digest.update(f"{variable.name}{value.dtype}{value.shape}".encode())
-        digest.update(value.data if value.size else b"")
-    return (
-        tuple(rv.name for rv in model.free_RVs),
-        tuple(rv.name for rv in model.observed_RVs),
-        bool(getattr(model, "check_bounds", True)),
-        digest.hexdigest(),
-    )
 
 
 def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph:
@@ -657,48 +592,22 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
 
 
-def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any]) -> list[np.ndarray]:
+def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any], label: str) -> list[np.ndarray]:
     """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes."""
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
     arrays = [draws.arrays[name] for name in graph.input_names]
-    outputs, _ = _postprocess.run(graph.jax_fn, arrays, backend, strategy, False, **ours)
+    outputs, _ = _postprocess.run(
+        graph.jax_fn, arrays, backend, strategy, False, progress_label=label, **ours
+    )
     values: list[np.ndarray] = []
     while outputs:
-        array = _host_array(outputs.pop(0), arrays)
+        array = host_array(outputs.pop(0), arrays)
         array = array.reshape(draws.sample_shape + array.shape[2:])
         dtype = graph.dtypes[len(values)]
         values.append(array if array.dtype == dtype else array.astype(dtype))
     return values
-
-
-class _Writable:
-    """Exposes a host array that only this object owns as writable (numpy's protocol)."""
-
-    def __init__(self, view: np.ndarray, owner: Any):
-        self._owner = (view, owner)  # keeps the memory alive as long as the array
-        self.__array_interface__ = view.__array_interface__ | {
-            "data": (view.__array_interface__["data"][0], False)
-        }
-
-
-def _host_array(output: Any, inputs: Sequence[np.ndarray]) -> np.ndarray:
-    """`output` as a writable numpy array, as pymc's are, without copying it when possible.
-
-    On the CPU, `np.asarray` of a jax array is a read-only view of its buffer. The buffer
-    belongs to this output alone (nothing else holds the jax array once `run` has
-    returned), so it is handed to numpy as writable. An output that passes an input through
-    may share the caller's draws, so it is copied, as pymc's would be.
-    """
-    if isinstance(output, np.ndarray):  # `output_memory="host"`: already a host array
-        return output if output.flags.writeable else np.array(output)
-    view = np.asarray(output)
-    if view.size == 0 or any(np.may_share_memory(view, x) for x in inputs):
-        return np.array(view)
-    # Off the CPU, `view` is a host copy: the device buffer need not stay alive with it.
-    on_cpu = all(device.platform == "cpu" for device in output.devices())
-    return np.asarray(_Writable(view, output if on_cpu else None))
 
 
 def _to_dataset(model: Any, names: list[str], values: list, draws: _Draws, sample_dims) -> Any:
@@ -708,7 +617,7 @@ def _to_dataset(model: Any, names: list[str], values: list, draws: _Draws, sampl
 
     coords, dims = coords_and_dims_for_inferencedata(model)
     trace = dict(zip(names, values))
-    if _pymc6():
+    if pymc6():
         return dict_to_dataset(
             trace,
             inference_library=pymc,

@@ -163,8 +163,10 @@ def run(
     memory_budget: float | None = None,
     progressbar: bool = False,
     output_memory: str = "auto",
+    progress_label: str = "Transforming variables",
 ) -> tuple[list[Any], Plan]:
-    """`postprocess_samples`, also returning the plan that ran."""
+    """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
+    progress bar (each route says what it computes)."""
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
@@ -182,6 +184,7 @@ def run(
             memory_budget=memory_budget,
             progressbar=progressbar,
             output_memory=output_memory,
+            progress_label=progress_label,
         )
     if strategy in CHUNK_STRATEGIES:
         problem = _resources.spread(problem)
@@ -210,7 +213,7 @@ def run(
                     progress=progressbar,
                     output_memory=output_memory,
                 )
-            with progress_bar(problem.n_items, "Transforming variables", progressbar):
+            with progress_bar(problem.n_items, progress_label, progressbar):
                 computed = execute(attempt.exe, placed, attempt.tuner)
                 jax.block_until_ready(computed)
             break

@@ -37,7 +37,7 @@ from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
 from ._memory import resolve_device
 from ._options import check_options
-from ._posthoc import _expected_shapes, _fingerprint, _host_array, _is_jax, _pymc6
+from ._pymc_model import expected_shapes, fingerprint, host_array, is_jax_mode, pymc6
 
 __all__ = ["sample_posterior_predictive"]
 
@@ -161,7 +161,7 @@ def _sample(arguments: dict[str, Any]) -> Any:
             UserWarning,
             stacklevel=3,
         )
-    forward = (_resolve_v6 if _pymc6() else _resolve_v5)(model, pymc_args, read)
+    forward = (_resolve_v6 if pymc6() else _resolve_v5)(model, pymc_args, read)
     if not forward.names:
         return _empty(pymc_args, read)
     built = _build(model, forward, read) if forward.outputs else None
@@ -242,7 +242,7 @@ def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> str | None:
     if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
         raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
     mode = backend if backend is not None else compile_kwargs.get("mode")
-    if mode is not None and not _is_jax(mode):
+    if mode is not None and not is_jax_mode(mode):
         what = "backend" if backend is not None else "compile_kwargs['mode']"
         return f"`{what}={mode!r}` is not JAX"
     if others := sorted(set(compile_kwargs) - _NEUTRAL_COMPILE_KWARGS):
@@ -315,7 +315,7 @@ def _read_trace(trace: Any, sample_dims: Sequence[str] | None, model: Any) -> _T
             coords.update({str(k): v.data for k, v in given.coords.items()})
             constant_data.update({str(k): v.data for k, v in given.items()})
         idata, observed_data = trace, trace.get("observed_data", None)
-        if not _pymc6():
+        if not pymc6():
             trace = trace["posterior"]
         else:
             trace = trace["posterior"].dataset if "posterior" in trace.children else trace.dataset
@@ -350,7 +350,7 @@ def _read_dataset(dataset, dims, idata, constant_data, coords, observed_data) ->
 
 
 def _is_inference_data(trace: Any) -> bool:
-    if _pymc6():
+    if pymc6():
         import xarray
 
         return isinstance(trace, xarray.DataTree)
@@ -623,7 +623,7 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
         (v.name, shape, v.type.dtype) for v, shape in zip(forward.inputs, shapes, strict=True)
     )
     outputs = tuple(v.name for v in forward.outputs)
-    key = ("predictive", outputs, signature, impl, _fingerprint(model))
+    key = ("predictive", outputs, signature, impl, fingerprint(model))
     cached = _GRAPHS.get(model, key)
     if cached is not None:
         return cached
@@ -678,7 +678,7 @@ def _checked_shape(var: Any, read: _Trace, model: Any) -> tuple[int, ...]:
     shape = read.event_shape(var.name)
     expected = tuple(var.type.shape)
     if var in model.free_RVs:
-        expected = _expected_shapes(model)[var.name]
+        expected = expected_shapes(model)[var.name]
     if len(shape) != len(expected) or any(
         n is not None and n != m for n, m in zip(expected, shape)
     ):
@@ -729,10 +729,18 @@ def _evaluate(
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
-    outputs, _ = _postprocess.run(built.fn, [keys, *arrays], backend, strategy, False, **ours)
+    outputs, _ = _postprocess.run(
+        built.fn,
+        [keys, *arrays],
+        backend,
+        strategy,
+        False,
+        progress_label=f"Sampling {', '.join(built.output_names)}",
+        **ours,
+    )
     values_by_name: dict[str, np.ndarray] = {}
     for name in built.output_names:
-        array = _host_array(outputs.pop(0), arrays)
+        array = host_array(outputs.pop(0), arrays)
         values_by_name[name] = array.reshape(read.sample_shape + array.shape[2:])
     return values_by_name
 
@@ -743,7 +751,7 @@ def _evaluate(
 def _empty(pymc_args: dict[str, Any], read: _Trace) -> Any:
     """pymc's result when there is nothing to sample."""
     if pymc_args["return_inferencedata"] and not pymc_args["extend_inferencedata"]:
-        if _pymc6():
+        if pymc6():
             import xarray
 
             return xarray.DataTree()
@@ -776,7 +784,7 @@ def _pack(ppc: dict[str, np.ndarray], model: Any, pymc_args: dict[str, Any], rea
     idata_pp = pymc.to_inference_data(posterior_predictive=ppc, **ikwargs)
     if not (extend and idata is not None):
         return idata_pp
-    if not _pymc6():
+    if not pymc6():
         idata.extend(idata_pp)
         return idata
     conflicting = (set(idata.children) & set(idata_pp.children)) - {

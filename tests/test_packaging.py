@@ -88,7 +88,7 @@ def test_version_comes_from_the_metadata():
 LAYERS = [
     ("face", {"__init__", "cli", "profiling", "numpyro"}),
     ("routes", {"_patch", "_posthoc", "_predictive", "_numpyro"}),
-    ("graph", {"_graph", "_samplers"}),
+    ("graph", {"_graph", "_samplers", "_pymc_model"}),
     ("entry", {"_postprocess", "_options"}),
     ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
     ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),

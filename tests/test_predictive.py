@@ -489,3 +489,20 @@ def test_same_seed_same_numbers_through_a_scan():
     reference = OURS(idata, **kwargs)["y"]
     for options in STRATEGY_OPTIONS[1:4]:
         np.testing.assert_array_equal(OURS(idata, **kwargs, **options)["y"], reference)
+
+
+def test_the_progress_bar_says_what_is_drawn(hierarchical, capsys):
+    """The bar names the variables drawn, not the posterior transform's label."""
+    model, idata = hierarchical
+    OURS(
+        copy_idata(idata),
+        model=model,
+        var_names=["y"],
+        progressbar=True,
+        random_seed=1,
+        return_inferencedata=False,
+        postprocessing_vectorize="chunked",
+        chunk_size=100,
+    )
+    err = capsys.readouterr().err
+    assert "Sampling y" in err and "Transforming variables" not in err
