@@ -124,8 +124,8 @@ class PlannerConfig:
         trim_min_bytes: outputs of at least this many bytes that land in host memory are
             written after the compiler's freed heap went back to the OS.
         store_max_bytes: the most bytes the executable store's folder holds; past it the
-            least recently used files go until it holds three quarters (the zoo's 15 models
-            store 7.2 MiB, so it holds some 35 zoos' worth;
+            least recently used files go until it holds three quarters (the zoo's 16 models
+            store 7.5 MiB, so it holds some 34 zoos' worth;
             `benchmarks/heuristics_evidence.py store`).
         store_max_constant_bytes: programs with more constant data than this are neither
             stored nor kept to move: digesting and writing them would cost more than their
