@@ -29,7 +29,13 @@ from ._cache import FunctionCache
 from ._graph import jaxify
 from ._memory import resolve_device
 from ._options import check_options
-from ._pymc_model import expected_shapes, fingerprint, host_array, is_jax_mode, pymc6
+from ._pymc_model import (
+    compile_fallback,
+    expected_shapes,
+    fingerprint,
+    host_array,
+    pymc6,
+)
 
 __all__ = ["compute_log_likelihood", "compute_log_prior", "compute_deterministics"]
 
@@ -375,16 +381,9 @@ class _Fallback(NamedTuple):
 
 def _fallback_reason(pymc_args: dict[str, Any]) -> _Fallback | None:
     """Why the JAX route cannot give pymc's answer for these arguments; None when it can."""
-    backend = pymc_args.get("backend")
-    compile_kwargs = pymc_args.get("compile_kwargs") or {}
-    if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
-        raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
-    mode = backend if backend is not None else compile_kwargs.get("mode")
-    if mode is not None and not is_jax_mode(mode):
-        what = "backend" if backend is not None else "compile_kwargs['mode']"
-        return _Fallback(f"`{what}={mode!r}` is not JAX", asked=True)
-    if others := sorted(set(compile_kwargs) - {"mode"}):
-        return _Fallback(f"`compile_kwargs` {others} apply to pymc's compiled function only", True)
+    asked = compile_fallback(pymc_args, frozenset({"mode"}))
+    if asked is not None:
+        return _Fallback(asked, asked=True)
     if len(pymc_args["sample_dims"]) != 2 and not pymc6():
         return _Fallback("pymc 5 takes two `sample_dims` only", asked=False)
     return None

@@ -37,7 +37,13 @@ from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
 from ._memory import resolve_device
 from ._options import check_options
-from ._pymc_model import expected_shapes, fingerprint, host_array, is_jax_mode, pymc6
+from ._pymc_model import (
+    compile_fallback,
+    expected_shapes,
+    fingerprint,
+    host_array,
+    pymc6,
+)
 
 __all__ = ["sample_posterior_predictive"]
 
@@ -115,9 +121,10 @@ def sample_posterior_predictive(
         predictions: put the draws in a `predictions` group (out-of-sample data).
         idata_kwargs: passed to pymc's `to_inference_data`/`predictions_to_inference_data`.
         backend: pymc 6's compile backend: None or "jax" take this route; any other runs
-            pymc's own function.
+            pymc's own function, as asked (logged at INFO on the `pymc_chunkpost` logger).
         compile_kwargs: pymc's compile arguments; only a JAX `mode` (and pymc's defaults
-            `allow_input_downcast`, `accept_inplace`) can be honoured here.
+            `allow_input_downcast`, `accept_inplace`) can be honoured here; others run
+            pymc's own function, as asked (logged at INFO).
         postprocessing_backend: the device: None (the default device), "cpu" or "gpu".
         postprocessing_vectorize: the strategy, one of `STRATEGIES` (see
             `postprocess_samples` for what each costs); default "auto", the fastest plan
@@ -148,9 +155,10 @@ def _sample(arguments: dict[str, Any]) -> Any:
 
     pymc_args, ours = _split(arguments)
     trace = arguments["trace"]
-    reason = _fallback_reason(pymc_args, trace)
-    if reason is not None:
-        return _fall_back(reason, trace, pymc_args)
+    fallback = _fallback_reason(pymc_args, trace)
+    if fallback is not None:
+        reason, asked = fallback
+        return _fall_back(reason, trace, pymc_args, asked=asked)
     model = pymc.modelcontext(pymc_args.get("model"))
     read = _read_trace(trace, pymc_args.get("sample_dims"), model)
     if model.potentials:
@@ -233,29 +241,26 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return pymc_args, ours
 
 
-def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> str | None:
-    """Why this route cannot give pymc's answer for these arguments; None when it can."""
+def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> tuple[str, bool] | None:
+    """Why this route cannot give pymc's answer for these arguments, and whether the user
+    asked for pymc's compile; None when it can."""
     from pymc.backends.base import MultiTrace
 
-    backend = pymc_args.get("backend")
-    compile_kwargs = pymc_args.get("compile_kwargs") or {}
-    if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
-        raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
-    mode = backend if backend is not None else compile_kwargs.get("mode")
-    if mode is not None and not is_jax_mode(mode):
-        what = "backend" if backend is not None else "compile_kwargs['mode']"
-        return f"`{what}={mode!r}` is not JAX"
-    if others := sorted(set(compile_kwargs) - _NEUTRAL_COMPILE_KWARGS):
-        return f"`compile_kwargs` {others} apply to pymc's compiled function only"
+    asked = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
+    if asked is not None:
+        return asked, True
     if isinstance(trace, MultiTrace):
-        return "the trace is a MultiTrace"
+        return "the trace is a MultiTrace", False
     return None
 
 
-def _fall_back(reason: str, trace: Any, pymc_args: dict[str, Any]) -> Any:
-    """pymc's own function, with a one-line warning (a log note when `patch` routed here)."""
+def _fall_back(reason: str, trace: Any, pymc_args: dict[str, Any], asked: bool = False) -> Any:
+    """pymc's own function: logged at INFO where the user asked for pymc's compile, else a
+    one-line warning (a log warning when `patch` routed here)."""
     message = f"pymc_chunkpost: `sample_posterior_predictive` runs pymc's own function ({reason})."
-    if ROUTED.get():
+    if asked:
+        _log.info(message)
+    elif ROUTED.get():
         _log.warning(message)
     else:
         warnings.warn(message, UserWarning, stacklevel=4)

@@ -15,7 +15,14 @@ import numpy as np
 
 from ._cache import FunctionCache
 
-__all__ = ["expected_shapes", "fingerprint", "host_array", "is_jax_mode", "pymc6"]
+__all__ = [
+    "compile_fallback",
+    "expected_shapes",
+    "fingerprint",
+    "host_array",
+    "is_jax_mode",
+    "pymc6",
+]
 
 # Shapes that depend on data, evaluated once per model and fingerprint (weakly keyed on the
 # model; `clear_caches` empties it).
@@ -38,6 +45,27 @@ def is_jax_mode(mode: Any) -> bool:
         return isinstance(get_mode(mode).linker, JAXLinker)
     except (ValueError, KeyError, TypeError, AttributeError):  # not a mode pytensor knows
         return False
+
+
+def compile_fallback(pymc_args: dict[str, Any], neutral: frozenset[str]) -> str | None:
+    """Why pymc's compile arguments ask for pymc's own function: a `backend` or
+    `compile_kwargs['mode']` that is not JAX, or `compile_kwargs` other than `neutral`, which
+    only pymc's compiled function takes. None where the JAX route honours them.
+
+    Raises:
+        ValueError: both `backend` and `compile_kwargs['mode']` (pymc 6's own check).
+    """
+    backend = pymc_args.get("backend")
+    compile_kwargs = pymc_args.get("compile_kwargs") or {}
+    if backend is not None and "mode" in compile_kwargs:  # pymc 6's own check and message
+        raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
+    mode = backend if backend is not None else compile_kwargs.get("mode")
+    if mode is not None and not is_jax_mode(mode):
+        what = "backend" if backend is not None else "compile_kwargs['mode']"
+        return f"`{what}={mode!r}` is not JAX"
+    if others := sorted(set(compile_kwargs) - neutral):
+        return f"`compile_kwargs` {others} apply to pymc's compiled function only"
+    return None
 
 
 def fingerprint(model: Any) -> tuple:

@@ -374,12 +374,16 @@ def test_unsupported_variable_runs_pymcs_own_with_a_warning(runs):
     assert runs == []
 
 
-def test_non_jax_compile_mode_runs_pymcs_own(hierarchical, runs):
+def test_non_jax_compile_mode_runs_pymcs_own(hierarchical, runs, caplog):
+    """pymc's compile, when asked for, runs pymc's own function: logged at INFO, not warned."""
     model, idata = hierarchical
     arguments = {"backend": "c"} if PYMC6 else {"compile_kwargs": {"mode": "FAST_RUN"}}
-    with pytest.warns(UserWarning, match="is not JAX"):
-        OURS(copy_idata(idata), model=model, progressbar=False, **arguments)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as pymc's own tests run
+        with caplog.at_level(logging.INFO, logger="pymc_chunkpost"):
+            OURS(copy_idata(idata), model=model, progressbar=False, **arguments)
     assert runs == []
+    assert any("is not JAX" in r.message and r.levelno == logging.INFO for r in caplog.records)
 
 
 # --- bad input -----------------------------------------------------------------------------
