@@ -28,7 +28,6 @@ table.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -36,8 +35,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+from _cell import measured_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("hier_2k", "eight_schools", "hier_30k")
@@ -134,19 +135,7 @@ def child(case: str, method: str, measure: str) -> dict:
         "python": platform.python_version(),
     }
     for phase in ("cold", "warm"):
-        gc.collect()
-        if measure == "memory":
-            import memray
-
-            with tempfile.TemporaryDirectory() as folder:
-                capture = Path(folder) / "capture.bin"
-                with memray.Tracker(capture):
-                    out = call()
-                result[f"{phase}_peak"] = memray.FileReader(capture).metadata.peak_memory
-        else:
-            tic = time.perf_counter()
-            out = call()
-            result[f"{phase}_s"] = time.perf_counter() - tic
+        out = measured_call(call, measure, phase, result)
         result["floor"] = int(sum(np.asarray(v).nbytes for v in out.values()))
         result["checksum"] = float(np.sum(np.asarray(out["y"], np.float64)))
         if phase == "cold":

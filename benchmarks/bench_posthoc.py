@@ -44,6 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+from _cell import measured_call  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("hier_2k", "eight_schools", "hier_30k")
 METHODS = ("ours", "pymc_jax", "pymc_default")
@@ -163,19 +166,7 @@ def child(case: str, method: str, after_sampling: bool, measure: str) -> dict:
         result["rerun_s"] = time.perf_counter() - tic
         return result
     for phase in ("cold", "warm"):
-        gc.collect()
-        if measure == "memory":
-            import memray
-
-            with tempfile.TemporaryDirectory() as folder:
-                capture = Path(folder) / "capture.bin"
-                with memray.Tracker(capture):
-                    out = call()
-                result[f"{phase}_peak"] = memray.FileReader(capture).metadata.peak_memory
-        else:
-            tic = time.perf_counter()
-            out = call()
-            result[f"{phase}_s"] = time.perf_counter() - tic
+        out = measured_call(call, measure, phase, result)
         result["floor"] = int(sum(v.values.nbytes for v in out.data_vars.values()))
         checksum = float(np.sum(out["y" if "y" in out else "obs"].values))
         result["checksum"] = checksum

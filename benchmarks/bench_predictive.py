@@ -28,7 +28,6 @@ The results go to `--json` (default `benchmarks/results/bench_predictive_py3<min
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -38,8 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+from _cell import measured_call  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_posthoc import build as build_hierarchical  # noqa: E402
 
@@ -119,19 +120,7 @@ def child(case: str, method: str, measure: str) -> dict:
     if method == "ours" and measure == "time":
         _record_phases(result)
     for phase in ("cold", "warm"):
-        gc.collect()
-        if measure == "memory":
-            import memray
-
-            with tempfile.TemporaryDirectory() as folder:
-                capture = Path(folder) / "capture.bin"
-                with memray.Tracker(capture):
-                    out = call()
-                result[f"{phase}_peak"] = memray.FileReader(capture).metadata.peak_memory
-        else:
-            tic = time.perf_counter()
-            out = call()
-            result[f"{phase}_s"] = time.perf_counter() - tic
+        out = measured_call(call, measure, phase, result)
         result["floor"] = int(sum(v.nbytes for v in out.values()))
         if measure == "sample":
             result["sample"] = out["y"].reshape(-1)[:: max(1, out["y"].size // 200_000)].tolist()
