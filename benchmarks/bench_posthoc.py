@@ -34,7 +34,6 @@ the floor after a trivial compile and 0.55x after the logp's (docs/decisions.md)
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -160,10 +159,7 @@ def child(case: str, method: str, after_sampling: bool, measure: str) -> dict:
         jax.block_until_ready(jax.jit(jax.value_and_grad(logp))(start))
     result = {"case": case, "method": method, "pymc": pm.__version__, "jax": jax.__version__}
     if measure == "rerun":  # the first call only, in a process after an earlier one
-        gc.collect()
-        tic = time.perf_counter()
-        out = call()
-        result["rerun_s"] = time.perf_counter() - tic
+        measured_call(call, "time", "rerun", result)
         return result
     for phase in ("cold", "warm"):
         out = measured_call(call, measure, phase, result)

@@ -121,10 +121,11 @@ def header(repeats: int, draws: int) -> str:
 
     return (
         f'pymc {version("pymc")}, jax {version("jax")}: `pm.sample(nuts_sampler="numpyro", '
-        f"chains=4)`, {draws} draws, one chain per CPU device; medians (min-max) of {repeats} "
-        "fresh processes per case. Post-processing s: pymc's `_postprocess_samples` calls "
-        "(posterior and log-likelihood); loaded: plans whose executable came from the cache "
-        "folder, of all plans; executable warnings: warnings that mention an executable."
+        f"chains=4)`, {draws} draws, one chain per CPU device; medians of {repeats} fresh "
+        "processes per case (post-processing also min-max). Post-processing s: pymc's "
+        "`_postprocess_samples` calls (posterior and log-likelihood); loaded: plans whose "
+        "executable came from the cache folder, of all plans; executable warnings: warnings "
+        "that mention an executable."
     )
 
 
@@ -169,13 +170,14 @@ def main(argv: list[str] | None = None) -> None:
             with tempfile.TemporaryDirectory() as cache:
                 for case in CASES:  # warm reuses the folder its cold run left
                     results[name][case].append(run_case(case, name, args.draws, Path(cache)))
-    print(table(results))
+    text = table(results)
+    print(text)
     if args.json:
         record = {
             "benchmark": "bench_sample_route",
             "draws": args.draws,
             "header": header(args.repeats, args.draws),
-            "table": table(results),
+            "table": text,
             "results": results,
         }
         args.json.write_text(json.dumps(record, indent=1))

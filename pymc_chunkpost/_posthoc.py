@@ -20,7 +20,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from ._graph import jaxify
 from ._memory import resolve_device
 from ._options import check_options
 from ._pymc_model import (
+    Fallback,
     compile_fallback,
     expected_shapes,
     fingerprint,
@@ -64,6 +65,8 @@ _CACHE_PER_MODEL = 8  # jaxified graphs kept per model (each holds its compiled 
 # executables, with it; `clear_caches` empties it.
 _GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
 _log = logging.getLogger("pymc_chunkpost")
+#: The `compile_kwargs` this route honours: a JAX `mode`.
+_NEUTRAL_COMPILE_KWARGS = frozenset({"mode"})
 
 
 def compute_log_likelihood(
@@ -248,7 +251,7 @@ def compute_deterministics(
     outputs = [model[n] for n in names]
     graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
-        return _fall_back(original, name, _Fallback(graph, asked=False), original_object, pymc_args)
+        return _fall_back(original, name, Fallback(graph, asked=False), original_object, pymc_args)
     values = _evaluate(graph, draws, ours, "Computing deterministics")
     new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
     if pymc_args.get("extend_dataset"):
@@ -293,7 +296,7 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     key = (kind, None if var_names is None else tuple(names))
     graph = _graph(model, key, build)
     if isinstance(graph, str):
-        return _fall_back(original, name, _Fallback(graph, asked=False), idata, pymc_args)
+        return _fall_back(original, name, Fallback(graph, asked=False), idata, pymc_args)
     values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
@@ -372,25 +375,18 @@ def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[s
     return pymc_args, ours
 
 
-class _Fallback(NamedTuple):
-    """Why pymc's own function runs instead of the JAX route."""
-
-    reason: str
-    asked: bool  # the user asked for pymc's compile: logged, not warned
-
-
-def _fallback_reason(pymc_args: dict[str, Any]) -> _Fallback | None:
+def _fallback_reason(pymc_args: dict[str, Any]) -> Fallback | None:
     """Why the JAX route cannot give pymc's answer for these arguments; None when it can."""
-    asked = compile_fallback(pymc_args, frozenset({"mode"}))
-    if asked is not None:
-        return _Fallback(asked, asked=True)
+    reason = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
+    if reason is not None:
+        return Fallback(reason, asked=True)
     if len(pymc_args["sample_dims"]) != 2 and not pymc6():
-        return _Fallback("pymc 5 takes two `sample_dims` only", asked=False)
+        return Fallback("pymc 5 takes two `sample_dims` only", asked=False)
     return None
 
 
 def _fall_back(
-    original: Callable, name: str, fallback: _Fallback, first: Any, pymc_args: dict
+    original: Callable, name: str, fallback: Fallback, first: Any, pymc_args: dict
 ) -> Any:
     """pymc's own `original`: logged where the user asked for it, else a one-line warning."""
     if fallback.asked:

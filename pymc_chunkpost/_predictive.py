@@ -8,9 +8,11 @@ drawn by our samplers from a key input) and mapped over all draws by the engine
 functions into what pymc returns (pymc 6: `xarray.DataTree`; pymc 5: `arviz.InferenceData`).
 
 Which variables are drawn anew and which are taken from the trace follows the installed
-pymc's own rules (`_resolve_v5`, `_resolve_v6`). What the route cannot honour (a non-JAX
-compile mode, a random variable with no sampler of ours, a `MultiTrace`) runs pymc's own
-function, with a one-line warning (a note in the log when `patch` routed the call).
+pymc's own rules (`_resolve_v5`, `_resolve_v6`). What the route cannot honour runs pymc's
+own function. Where the user asked for it (a non-JAX compile mode, pymc-only
+`compile_kwargs`) that is logged at INFO on the `pymc_chunkpost` logger; where the route fails
+them (a random variable with no sampler of ours, a `MultiTrace`) it is a one-line warning (a
+log warning when `patch` routed the call).
 
 Keys: random generator `j` of the graph, in draw `i` (its index in the flattened sample
 dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
@@ -38,6 +40,7 @@ from ._graph import RandomFunction, random_function
 from ._memory import resolve_device
 from ._options import check_options
 from ._pymc_model import (
+    Fallback,
     compile_fallback,
     expected_shapes,
     fingerprint,
@@ -157,8 +160,7 @@ def _sample(arguments: dict[str, Any]) -> Any:
     trace = arguments["trace"]
     fallback = _fallback_reason(pymc_args, trace)
     if fallback is not None:
-        reason, asked = fallback
-        return _fall_back(reason, trace, pymc_args, asked=asked)
+        return _fall_back(fallback, trace, pymc_args)
     model = pymc.modelcontext(pymc_args.get("model"))
     read = _read_trace(trace, pymc_args.get("sample_dims"), model)
     if model.potentials:
@@ -174,7 +176,7 @@ def _sample(arguments: dict[str, Any]) -> Any:
         return _empty(pymc_args, read)
     built = _build(model, forward, read) if forward.outputs else None
     if isinstance(built, str):
-        return _fall_back(built, trace, pymc_args)  # which logs what it samples
+        return _fall_back(Fallback(built, asked=False), trace, pymc_args)  # logs what it samples
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
     values: dict[str, np.ndarray] = {}
     if built is not None:
@@ -241,29 +243,28 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return pymc_args, ours
 
 
-def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> tuple[str, bool] | None:
-    """Why this route cannot give pymc's answer for these arguments, and whether the user
-    asked for pymc's compile; None when it can."""
+def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> Fallback | None:
+    """Why this route cannot give pymc's answer for these arguments; None when it can."""
     from pymc.backends.base import MultiTrace
 
-    asked = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
-    if asked is not None:
-        return asked, True
+    reason = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
+    if reason is not None:
+        return Fallback(reason, asked=True)
     if isinstance(trace, MultiTrace):
-        return "the trace is a MultiTrace", False
+        return Fallback("the trace is a MultiTrace", asked=False)
     return None
 
 
-def _fall_back(reason: str, trace: Any, pymc_args: dict[str, Any], asked: bool = False) -> Any:
+def _fall_back(fallback: Fallback, trace: Any, pymc_args: dict[str, Any]) -> Any:
     """pymc's own function: logged at INFO where the user asked for pymc's compile, else a
     one-line warning (a log warning when `patch` routed here)."""
-    message = f"pymc_chunkpost: `sample_posterior_predictive` runs pymc's own function ({reason})."
-    if asked:
+    message = f"`sample_posterior_predictive` runs pymc's own function ({fallback.reason})."
+    if fallback.asked:
         _log.info(message)
     elif ROUTED.get():
-        _log.warning(message)
+        _log.warning("pymc_chunkpost: %s", message)
     else:
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(f"pymc_chunkpost: {message}", UserWarning, stacklevel=4)
     return _pymc_function()(trace, **pymc_args)
 
 

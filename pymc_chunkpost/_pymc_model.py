@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._cache import FunctionCache
 
 __all__ = [
+    "Fallback",
     "compile_fallback",
     "expected_shapes",
     "fingerprint",
@@ -45,6 +46,13 @@ def is_jax_mode(mode: Any) -> bool:
         return isinstance(get_mode(mode).linker, JAXLinker)
     except (ValueError, KeyError, TypeError, AttributeError):  # not a mode pytensor knows
         return False
+
+
+class Fallback(NamedTuple):
+    """Why a route runs pymc's own function instead of its JAX route."""
+
+    reason: str
+    asked: bool  # the user asked for pymc's compile: logged at INFO, not warned
 
 
 def compile_fallback(pymc_args: dict[str, Any], neutral: frozenset[str]) -> str | None:
