@@ -624,7 +624,10 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
     from pytensor import config
 
     impl = str(jax.config.values["jax_default_prng_impl"])  # JAX's default, as set by the user
-    shapes = [_checked_shape(v, read, model) for v in forward.inputs]
+    # Once per call: data-dependent shapes hash the model's data (and may evaluate them).
+    free = any(v in model.free_RVs for v in forward.inputs)
+    free_shapes = expected_shapes(model) if free else {}
+    shapes = [_checked_shape(v, read, model, free_shapes) for v in forward.inputs]
     signature = tuple(
         (v.name, shape, v.type.dtype) for v, shape in zip(forward.inputs, shapes, strict=True)
     )
@@ -678,13 +681,16 @@ def _per_draw(graph: RandomFunction, impl: str) -> Callable:
     return per_draw
 
 
-def _checked_shape(var: Any, read: _Trace, model: Any) -> tuple[int, ...]:
-    """The trace's per-draw shape of `var`, checked against the model's shape of it (JAX
-    would clamp an out-of-range index where pymc raises)."""
+def _checked_shape(
+    var: Any, read: _Trace, model: Any, free_shapes: dict[str, tuple[int, ...]]
+) -> tuple[int, ...]:
+    """The trace's per-draw shape of `var`, checked against the model's shape of it
+    (`free_shapes` for free variables; JAX would clamp an out-of-range index where pymc
+    raises)."""
     shape = read.event_shape(var.name)
     expected = tuple(var.type.shape)
     if var in model.free_RVs:
-        expected = expected_shapes(model)[var.name]
+        expected = free_shapes[var.name]
     if len(shape) != len(expected) or any(
         n is not None and n != m for n, m in zip(expected, shape)
     ):
