@@ -51,8 +51,9 @@ class PlannerConfig:
             fraction below it, rather than up past the target.
         overhead_bytes_per_buffer: a loop's cost per chunk, per buffer it slices or
             updates, in bytes of work that take as long: a chunk does at least that much
-            work per buffer (an XLA loop measured 32-43 KiB on eight_schools and lkj, a host
-            loop 1-3 KiB; `benchmarks/heuristics_evidence.py overhead`, one noisy run).
+            work per buffer (lkj's XLA loop measured 10-71 KiB, its host loop 1-20 KiB, over
+            three quiet runs of `benchmarks/heuristics_evidence.py overhead`: the order of
+            magnitude, not the value).
         jump_factor: a compiled chunk whose temporaries exceed this many times the expected
             (plus `jump_slack_bytes`) is a "jump": XLA changed its layout or fusion at that
             size, and a smaller chunk is tried.
