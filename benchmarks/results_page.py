@@ -194,12 +194,30 @@ def _zoo_findings(summary: list[dict]) -> list[str]:
     return lines
 
 
+def _zoo_stack_section(path: Path) -> list[str]:
+    """One stack's part of a zoo section: versions, record, commands, bench_zoo's summary
+    table and its findings."""
+    record = load_zoo(path)
+    summary = zoo_summary(record)
+    return [
+        "",
+        f"### {_versions(record)}",
+        "",
+        f"`benchmarks/results/{path.name}`, measured {_measured(record)}. Made by:",
+        "",
+        *[f"- {command}" for command in _commands(record)],
+        "",
+        _first_table(_sibling("bench_zoo").tables(summary)),
+        "",
+        *_zoo_findings(summary),
+    ]
+
+
 def zoo_section(folder: Path) -> str | None:
     """The newest whole-zoo run on each stack: bench_zoo's summary table, and its findings."""
     stacks = by_stack(folder, r"zoo_run\d+_accept_py3\d+\.json", _zoo_stack)
     if not stacks:
         return None
-    bench = _sibling("bench_zoo")
     out = [
         "## The zoo: cold and warm `auto` against the best anchor",
         "",
@@ -213,20 +231,7 @@ def zoo_section(folder: Path) -> str | None:
         "an input through.",
     ]
     for paths in stacks.values():
-        record = load_zoo(paths[-1])
-        summary = zoo_summary(record)
-        out += [
-            "",
-            f"### {_versions(record)}",
-            "",
-            f"`benchmarks/results/{paths[-1].name}`, measured {_measured(record)}. Made by:",
-            "",
-            *[f"- {command}" for command in _commands(record)],
-            "",
-            _first_table(bench.tables(summary)),
-            "",
-            *_zoo_findings(summary),
-        ]
+        out += _zoo_stack_section(paths[-1])
     return "\n".join(out)
 
 
@@ -288,7 +293,6 @@ def zoo_devices_section(folder: Path) -> str | None:
     stacks = by_stack(folder, r"zoo_devices4_run\d+(_py3\d+)?\.json", _zoo_stack)
     if not stacks:
         return None
-    bench = _sibling("bench_zoo")
     out = [
         "## The zoo on 4 devices",
         "",
@@ -297,20 +301,7 @@ def zoo_devices_section(folder: Path) -> str | None:
         "anchor that ran). Peak / floor is the process's: the 4 devices share one RAM.",
     ]
     for paths in stacks.values():
-        record = load_zoo(paths[-1])
-        summary = zoo_summary(record)
-        out += [
-            "",
-            f"### {_versions(record)}",
-            "",
-            f"`benchmarks/results/{paths[-1].name}`, measured {_measured(record)}. Made by:",
-            "",
-            *[f"- {command}" for command in _commands(record)],
-            "",
-            _first_table(bench.tables(summary)),
-            "",
-            *_zoo_findings(summary),
-        ]
+        out += _zoo_stack_section(paths[-1])
     return "\n".join(out)
 
 
