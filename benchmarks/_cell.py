@@ -1,9 +1,13 @@
-"""One call of a benchmark cell, timed or traced: shared by the scripts that run each cell in a
-fresh process (bench_posthoc, bench_predictive, bench_numpyro)."""
+"""A benchmark cell in a fresh process, and its one call timed or traced: shared by the
+scripts that run each cell so (bench_posthoc, bench_predictive, bench_numpyro)."""
 
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,3 +33,16 @@ def measured_call(call: Callable[[], Any], measure: str, phase: str, result: dic
     out = call()
     result[f"{phase}_s"] = time.perf_counter() - tic
     return out
+
+
+def run_child(script: str, args: list[str], env: dict | None = None) -> dict:
+    """`python script *args` in a fresh process (with `env` added to this one's), and the
+    JSON object its last line of output prints."""
+    proc = subprocess.run(
+        [sys.executable, script, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ | (env or {}),
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
-from _cell import measured_call  # noqa: E402
+from _cell import measured_call, run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("hier_2k", "eight_schools", "hier_30k")
@@ -168,14 +166,8 @@ def main() -> None:
                 run = {"repeat": repeat}
                 for measure in ("time", "memory"):  # each in a fresh process, an empty cache
                     with tempfile.TemporaryDirectory() as cache:
-                        proc = subprocess.run(
-                            [sys.executable, __file__, "--child", case, method, measure],
-                            capture_output=True,
-                            text=True,
-                            check=True,
-                            env=os.environ | {"PYMC_CHUNKPOST_CACHE_DIR": cache},
-                        )
-                    run |= json.loads(proc.stdout.strip().splitlines()[-1])
+                        env = {"PYMC_CHUNKPOST_CACHE_DIR": cache}
+                        run |= run_child(__file__, ["--child", case, method, measure], env)
                 runs.append(run)
                 print(
                     f"{case:14s} {method:16s} cold {run['cold_s']:6.2f} s  warm "

@@ -35,16 +35,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
-from _cell import measured_call  # noqa: E402
+from _cell import measured_call, run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("hier_2k", "eight_schools", "hier_30k")
@@ -204,15 +202,10 @@ def main() -> None:
                 # folder and "rerun" reuses what it left; "memory" has an empty one of its own.
                 with tempfile.TemporaryDirectory() as timed, tempfile.TemporaryDirectory() as mem:
                     for measure, cache in (("time", timed), ("rerun", timed), ("memory", mem)):
-                        proc = subprocess.run(
-                            [sys.executable, __file__, "--child", case, method, measure]
-                            + (["--fresh"] if args.fresh else []),
-                            capture_output=True,
-                            text=True,
-                            check=True,
-                            env=os.environ | {"PYMC_CHUNKPOST_CACHE_DIR": cache},
-                        )
-                        run |= json.loads(proc.stdout.strip().splitlines()[-1])
+                        argv = ["--child", case, method, measure]
+                        argv += ["--fresh"] if args.fresh else []
+                        env = {"PYMC_CHUNKPOST_CACHE_DIR": cache}
+                        run |= run_child(__file__, argv, env)
                 runs.append(run)
                 print(
                     f"{case:14s} {method:13s} cold {run['cold_s']:6.2f} s  warm "

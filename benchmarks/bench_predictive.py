@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+import _cell  # noqa: E402
 from _cell import measured_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,14 +194,7 @@ def rng_child(impl: str) -> dict:
 
 
 def run_child(args: list[str], env: dict | None = None) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=os.environ | (env or {}),
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _cell.run_child(__file__, args, env)
 
 
 def timings(cases: list[str], methods: list[str], repeats: int) -> list[dict]:
