@@ -19,7 +19,8 @@ are timed. Speed-ups are medians of the run-by-run ratios.
 `--memory` measures, in a fresh process each, memray's peak of `ours` on `hier_30k` (30,000
 rows x 4,000 draws: 0.9 GiB of predictive draws, the floor), as `bench_posthoc` does.
 `--rng` measures the random-number throughput bound: 80M float64 normals from JAX's PRNG
-implementations (threefry2x32, rbg, unsafe_rbg: compile and run) and from numpy's generator,
+implementations (threefry2x32, rbg, unsafe_rbg, and threefry with its hash unrolled as the
+route's samplers draw: compile and run) and from numpy's generator,
 and the route on `hier_20k` under each JAX implementation (`JAX_DEFAULT_PRNG_IMPL`), with a
 two-sample KS test of its draws against threefry's (the same distribution).
 The results go to `--json` (default `benchmarks/results/bench_predictive_py3<minor>.json`).
@@ -46,6 +47,7 @@ from bench_posthoc import build as build_hierarchical  # noqa: E402
 CASES = ("hier_2k", "hier_20k", "ar_500")
 METHODS = ("ours", "pymc_jax", "pymc_default")
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+UNROLLED = "threefry2x32_unrolled"  # `_compat.unrolled_threefry`: threefry's bits, hashed unrolled
 CHAINS, DRAWS = 4, 1000
 N_NORMALS = 80_000_000
 
@@ -182,7 +184,14 @@ def rng_child(impl: str) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    key = jax.random.key(0, impl=impl)
+    if impl == UNROLLED:  # threefry's bits, the hash unrolled (what the route's samplers use)
+        from pymc_chunkpost._compat import unrolled_threefry
+
+        key = jax.random.wrap_key_data(
+            jax.random.key_data(jax.random.key(0)), impl=unrolled_threefry()
+        )
+    else:
+        key = jax.random.key(0, impl=impl)
     tic = time.perf_counter()
     normal = jax.jit(lambda k: jax.random.normal(k, (N_NORMALS,), "float64"))
     compiled = normal.lower(key).compile()
@@ -239,7 +248,11 @@ def prng(repeats: int) -> dict:
     """The RNG-throughput bound, and the route on hier_20k under each JAX implementation."""
     from scipy import stats
 
-    bound = [run_child(["--rng-child", impl]) for _ in range(repeats) for impl in (*IMPLS, "numpy")]
+    bound = [
+        run_child(["--rng-child", impl])
+        for _ in range(repeats)
+        for impl in (*IMPLS, UNROLLED, "numpy")
+    ]
     route, samples = [], {}
     for repeat in range(repeats):
         for impl in IMPLS:

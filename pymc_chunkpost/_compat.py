@@ -16,10 +16,13 @@ fails a test instead of keeping a stale workaround.
    without them, `_jaxpr_eval` maps every equation with `jax.vmap`.
 5. The primitive of a jitted call is named "jit" (`CALLS`; "pjit" before jax 0.7, below the
    floor).
+6. jax hashes threefry on a CPU in a rolled loop, which runs slower than the same hash
+   unrolled and, on jaxlib 0.12, on one thread (`unrolled_threefry`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -34,6 +37,8 @@ __all__ = [
     "jaxlib_version",
     "lapack_may_deadlock",
     "library_reductions",
+    "UNROLLED_THREEFRY",
+    "unrolled_threefry",
     "unserializable_after_run",
 ]
 
@@ -151,3 +156,76 @@ def elementwise_batchers() -> tuple[Any, Any, dict]:
 # 5. Primitives that call a closed jaxpr (param "jaxpr") and mean nothing more than that call:
 #    jitted functions, "jit" since jax 0.7 (the floor is above the "pjit" of older jax).
 CALLS = frozenset({"jit"})
+
+
+# 6. jax lowers the threefry hash on a CPU as a loop of five steps (`use_rolled_loops=True` in
+#    `jax._src.random.threefry2x32`, for compile time), which writes the two counter arrays
+#    out at every step. XLA's CPU compiler of jaxlib 0.12 also runs that loop as one kernel
+#    (`SmallWhileLoopHoistingPass`, the call marked `xla_cpu_small_call`), on one thread. The
+#    same hash unrolled (jax's lowering for other platforms) fuses into the draw, and runs
+#    faster on both (docs/predictive.md, "Random numbers"). `unrolled_threefry` is threefry
+#    with that hash on a CPU: the
+#    same keys, splits and bits (tests/test_compat.py compares them), built from jax's private
+#    threefry functions, as of jax 0.10.2 and 0.12. A jax that moves them gives None, and the
+#    samplers keep jax's threefry.
+
+
+#: The name (`str(jax.random.key_impl(key))`) of `unrolled_threefry`'s keys.
+UNROLLED_THREEFRY = "fry_u"
+
+
+@functools.cache
+def unrolled_threefry() -> Any:
+    """A PRNG implementation equal to jax's threefry2x32 bit for bit, whose random bits are
+    hashed unrolled on a CPU (item 6); None where this jax lacks what it is built from."""
+    import jax
+    from jax import lax
+
+    try:
+        from jax._src.random import prng
+        from jax._src.random import threefry2x32 as threefry
+
+        rolled_bits = threefry.threefry_random_bits
+        hash_unrolled = threefry._threefry2x32_lowering
+        counts = prng.iota_2x32_shape
+        uint_dtypes = prng.UINT_DTYPES
+        seed, split, fold_in = (
+            threefry.threefry_seed,
+            threefry.threefry_split,
+            threefry.threefry_fold_in,
+        )
+        jax.config.values["jax_threefry_partitionable"]  # noqa: B018 (read by random_bits)
+    except (ImportError, AttributeError, KeyError):
+        return None
+
+    def unrolled_bits(key: Any, bit_width: int, shape: tuple[int, ...]) -> Any:
+        # jax's `_threefry_random_bits_partitionable`, with the unrolled hash.
+        count1, count2 = counts(shape)
+        bits1, bits2 = hash_unrolled(key[0], key[1], count1, count2, use_rolled_loops=False)
+        dtype = uint_dtypes[bit_width]
+        if bit_width == 64:
+            high = lax.convert_element_type(bits1, dtype)
+            low = lax.convert_element_type(bits2, dtype)
+            return lax.shift_left(high, lax.full((), 32, dtype)) | low
+        return lax.convert_element_type(bits1 ^ bits2, dtype)
+
+    def random_bits(key: Any, bit_width: int, shape: tuple[int, ...]) -> Any:
+        if not jax.config.values["jax_threefry_partitionable"]:
+            return rolled_bits(key, bit_width, shape)  # jax's other layout: jax's own
+        return lax.platform_dependent(
+            key,
+            cpu=lambda key: unrolled_bits(key, bit_width, shape),
+            default=lambda key: rolled_bits(key, bit_width, shape),
+        )
+
+    from jax.extend.random import define_prng_impl
+
+    return define_prng_impl(
+        key_shape=(2,),
+        seed=seed,
+        split=split,
+        random_bits=random_bits,
+        fold_in=fold_in,  # type: ignore[arg-type]  # jax's own threefry fold_in
+        name="threefry2x32_unrolled",
+        tag=UNROLLED_THREEFRY,
+    )

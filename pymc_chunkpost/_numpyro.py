@@ -405,9 +405,7 @@ def _predict(
     draw with numpyro's key for it, over `batch_shape`. `owner` keys the cache."""
     names = list(posterior)
     draws = [_as_chains_draws(posterior[n], batch_shape) for n in names]
-    keys = _draw_keys(rng_key, batch_shape)
-    keys = keys.reshape(_chains_draws(batch_shape) + keys.shape[len(batch_shape) :])
-    keys = _place_like(keys, draws[0] if draws else None)
+    keys = _place_like(_draw_keys(rng_key, batch_shape), draws[0] if draws else None)
 
     def per_draw(*values: Any) -> dict[str, Any]:
         *draw, key = values
@@ -472,14 +470,16 @@ def _log_likelihood_draw(
 
 
 def _draw_keys(rng_key: Any, batch_shape: tuple[int, ...]) -> jax.Array:
-    """Each draw's key data, of shape `batch_shape + (2,)`, exactly as numpyro's `_predictive`
-    derives them: one split into a key per draw (none for a single draw)."""
-    rng_key = jnp.asarray(rng_key)
-    n = int(np.prod(batch_shape))
-    key_shape = rng_key.shape
-    if n > 1:
-        rng_key = random.split(rng_key, n)
-    return jax.random.key_data(rng_key.reshape(batch_shape + key_shape))
+    """Each draw's key data, in the engine's `(chains, draws, ...)` layout, exactly as numpyro's
+    `_predictive` derives them: one split into a key per draw, in the draws' order."""
+    return _split_keys(jnp.asarray(rng_key), _chains_draws(batch_shape))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _split_keys(rng_key: jax.Array, lead: tuple[int, int]) -> jax.Array:
+    """numpyro's split, and its layout, in one program (one compile, as numpyro's split)."""
+    keys = jax.random.key_data(random.split(rng_key, math.prod(lead)))
+    return keys.reshape(lead + keys.shape[1:])
 
 
 def _chains_draws(batch_shape: tuple[int, ...]) -> tuple[int, int]:
@@ -496,15 +496,24 @@ def _as_chains_draws(x: Any, batch_shape: tuple[int, ...]) -> Any:
     view: free for numpy arrays and for arrays on one CPU device (a numpy view of the same
     memory, which the engine places without a copy); elsewhere a reshaped copy of this input.
     """
-    n = len(batch_shape)
-    shape = _chains_draws(batch_shape) + tuple(x.shape[n:])
+    return _reshaped(x, _chains_draws(batch_shape) + tuple(x.shape[len(batch_shape) :]))
+
+
+def _reshaped(x: Any, shape: tuple[int, ...]) -> Any:
+    """`x` in `shape`: a numpy view for numpy arrays and for arrays on one CPU device (of the
+    same memory, which the engine places without a copy); elsewhere a reshaped copy."""
     if tuple(x.shape) == shape:
         return x
-    if isinstance(x, jax.Array):
-        devices = x.devices()
-        if not (len(devices) == 1 and next(iter(devices)).platform == "cpu") or _is_key(x):
-            return jnp.reshape(x, shape)
+    if isinstance(x, jax.Array) and (_is_key(x) or _device_of(x) is None):
+        return jnp.reshape(x, shape)
     return np.reshape(np.asarray(x), shape)
+
+
+def _device_of(x: jax.Array) -> Any:
+    """The one CPU device that holds `x`, or None."""
+    devices = x.devices()
+    device = next(iter(devices))
+    return device if len(devices) == 1 and device.platform == "cpu" else None
 
 
 def _place_like(x: Any, reference: Any) -> Any:
@@ -846,13 +855,17 @@ def _reshape_donated(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 def _unbatch(y: Any, batch_shape: tuple[int, ...], forwarded: bool) -> Any:
     """An output of shape `(chains, draws, ...)` as `batch_shape + ...`, without a copy: a
-    numpy view, or a reshape into the donated output's own buffer. A passed-through input
-    is not ours to donate: it is reshaped into a new array."""
+    numpy view; on one CPU device, an array placed from a numpy view of the same memory (no
+    program to compile); elsewhere a reshape into the donated output's own buffer. A
+    passed-through input is not ours to donate: it is reshaped into a new array."""
     shape = tuple(batch_shape) + tuple(y.shape[2:])
     if tuple(y.shape) == shape:
         return y
     if isinstance(y, np.ndarray):
         return y.reshape(shape)
+    device = None if _is_key(y) else _device_of(y)
+    if device is not None:
+        return jax.device_put(np.asarray(y).reshape(shape), device)
     if forwarded:
         return jnp.reshape(y, shape)
     with warnings.catch_warnings():

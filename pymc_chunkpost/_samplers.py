@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtr, ndtri
 
+from ._compat import UNROLLED_THREEFRY, unrolled_threefry
+
 __all__ = ["SAMPLERS", "sampler_for"]
 
 Sampler = Callable[..., jax.Array]
@@ -231,7 +233,7 @@ def _binomial(key, shape, dtype, n, p):
 
 def _poisson(key, shape, dtype, mu):
     (mu,) = _broadcast(shape, mu)
-    return jax.random.poisson(key, mu, shape, dtype)
+    return jax.random.poisson(_threefry(key), mu, shape, dtype)
 
 
 def _negative_binomial(key, shape, dtype, n, p):
@@ -240,7 +242,7 @@ def _negative_binomial(key, shape, dtype, n, p):
     n, p = _broadcast(shape, n, p)
     float_type = jnp.result_type(p.dtype, jnp.float32)
     rate = jnp.exp(_log_gamma(key_gamma, n, shape, float_type)) * (1 - p) / p
-    return jax.random.poisson(key_poisson, rate, shape, dtype)
+    return jax.random.poisson(_threefry(key_poisson), rate, shape, dtype)
 
 
 def _geometric(key, shape, dtype, p):
@@ -375,8 +377,31 @@ SAMPLERS: dict[type, Callable[[Any], Sampler]] = {}
 
 
 def sampler_for(op: Any) -> Sampler | None:
-    """Our sampler for the random variable `op`, or None where there is none."""
+    """Our sampler for the random variable `op`, or None where there is none.
+
+    A threefry key reaches the sampler as the same key of `_compat.unrolled_threefry`: the
+    same bits, hashed unrolled on a CPU (faster to run there, and to compile on jaxlib 0.10).
+    """
     if not SAMPLERS:
         SAMPLERS.update(_table())
     make = SAMPLERS.get(type(op))
-    return None if make is None else make(op)
+    if make is None:
+        return None
+    sample = make(op)
+
+    def unrolled(key: jax.Array, *args: Any) -> jax.Array:
+        return sample(_rekeyed(key, "threefry2x32", unrolled_threefry()), *args)
+
+    return unrolled
+
+
+def _threefry(key: jax.Array) -> jax.Array:
+    """`key` as jax's own threefry key, where jax asks for that implementation (Poisson)."""
+    return _rekeyed(key, UNROLLED_THREEFRY, "threefry2x32")
+
+
+def _rekeyed(key: jax.Array, old: str, new: Any) -> jax.Array:
+    """`key`'s data as a key of implementation `new` where its implementation is `old`."""
+    if new is None or str(jax.random.key_impl(key)) != old:
+        return key
+    return jax.random.wrap_key_data(jax.random.key_data(key), impl=new)

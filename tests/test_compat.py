@@ -111,3 +111,40 @@ def test_batching_rules_are_found_and_their_absence_maps_with_vmap(monkeypatch):
 def test_a_jitted_call_is_named_as_compat_says():
     closed = jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x))(1.0)
     assert closed.jaxpr.eqns[0].primitive.name in _compat.CALLS
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (7, 13), (1001,)])
+def test_unrolled_threefry_gives_jaxs_threefry_bits(shape):
+    """The unrolled hash is found on this stack and gives jax's threefry bits, splits and
+    folds for every width, compiled or not; jax's own CPU lowering of the hash is still the
+    rolled loop it works around (a jax that unrolls it fails here: drop the workaround)."""
+    impl = _compat.unrolled_threefry()
+    assert impl is not None
+    data = jax.random.key_data(jax.random.key(11))
+    ours, theirs = jax.random.wrap_key_data(data, impl=impl), jax.random.wrap_key_data(data)
+    assert str(jax.random.key_impl(ours)) == _compat.UNROLLED_THREEFRY
+    for dtype in (jnp.uint8, jnp.uint16, jnp.uint32, jnp.uint64):
+        want = np.asarray(jax.random.bits(theirs, shape, dtype))
+        assert want.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(jax.random.bits(ours, shape, dtype), want)
+        compiled = jax.jit(
+            lambda d, dtype=dtype: jax.random.bits(
+                jax.random.wrap_key_data(d, impl=impl), shape, dtype
+            )
+        )
+        np.testing.assert_array_equal(compiled(data), want)
+    for derive in (jax.random.split, lambda k: jax.random.fold_in(k, 5)):
+        np.testing.assert_array_equal(
+            jax.random.key_data(derive(ours)), jax.random.key_data(derive(theirs))
+        )
+    np.testing.assert_array_equal(
+        jax.random.normal(ours, shape, jnp.float64), jax.random.normal(theirs, shape, jnp.float64)
+    )
+
+    def hlo(key_impl):
+        def draw(d):
+            return jax.random.bits(jax.random.wrap_key_data(d, impl=key_impl), (1000,))
+
+        return jax.jit(draw).lower(data).compile().as_text()
+
+    assert " while(" in hlo("threefry2x32") and " while(" not in hlo(impl)
