@@ -17,7 +17,8 @@ fails a test instead of keeping a stale workaround.
 5. The primitive of a jitted call is named "jit" (`CALLS`; "pjit" before jax 0.7, below the
    floor).
 6. jax hashes threefry on a CPU in a rolled loop, which runs slower than the same hash
-   unrolled and, on jaxlib 0.12, on one thread (`unrolled_threefry`).
+   unrolled and, on jaxlib 0.12, on one thread (`unrolled_threefry`); `split_key_at` is one
+   key of a split, hashed unrolled.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "jaxlib_version",
     "lapack_may_deadlock",
     "library_reductions",
+    "split_key_at",
+    "splits_key_at",
     "UNROLLED_THREEFRY",
     "unrolled_threefry",
     "unserializable_after_run",
@@ -186,7 +189,7 @@ def unrolled_threefry() -> Any:
         from jax._src.random import threefry2x32 as threefry
 
         rolled_bits = threefry.threefry_random_bits
-        hash_unrolled = threefry._threefry2x32_lowering
+        hash_unrolled = _threefry_parts()
         counts = prng.iota_2x32_shape
         uint_dtypes = prng.UINT_DTYPES
         seed, split, fold_in = (
@@ -196,6 +199,8 @@ def unrolled_threefry() -> Any:
         )
         jax.config.values["jax_threefry_partitionable"]  # noqa: B018 (read by random_bits)
     except (ImportError, AttributeError, KeyError):
+        return None
+    if hash_unrolled is None:
         return None
 
     def unrolled_bits(key: Any, bit_width: int, shape: tuple[int, ...]) -> Any:
@@ -229,3 +234,44 @@ def unrolled_threefry() -> Any:
         name="threefry2x32_unrolled",
         tag=UNROLLED_THREEFRY,
     )
+
+
+@functools.cache
+def _threefry_parts() -> Any:
+    """jax's private threefry functions that item 6 builds on, or None where they moved."""
+    try:
+        from jax._src.random import threefry2x32 as threefry
+
+        return threefry._threefry2x32_lowering
+    except (ImportError, AttributeError):
+        return None
+
+
+def splits_key_at() -> bool:
+    """Whether `split_key_at` gives jax's split keys here: jax splits a threefry key as one
+    hash per counter (`jax_threefry_partitionable`, jax's default), and what the hash is built
+    from is where item 6 finds it. Otherwise use `jax.random.split`."""
+    import jax
+
+    return _threefry_parts() is not None and bool(
+        jax.config.values.get("jax_threefry_partitionable")
+    )
+
+
+def split_key_at(key_data: Any, index: Any) -> Any:
+    """Key `index` of `jax.random.split(key, n)` (any `n > index`, below 2**32), as its data:
+    the hash of the counter `(0, index)`, unrolled, where jax's split hashes every counter of
+    `iota(n)` at once. Only where `splits_key_at()`.
+
+    Args:
+        key_data: a threefry key's data, uint32 of shape (2,).
+        index: the key's index, a uint32 scalar (traced or not).
+    """
+    import jax.numpy as jnp
+
+    hash_unrolled = _threefry_parts()
+    index = jnp.asarray(index, jnp.uint32)
+    bits1, bits2 = hash_unrolled(
+        key_data[0], key_data[1], jnp.zeros_like(index), index, use_rolled_loops=False
+    )
+    return jnp.stack([bits1, bits2])

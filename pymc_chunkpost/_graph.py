@@ -29,6 +29,7 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import Op
 
+from ._compat import split_key_at, splits_key_at
 from ._samplers import sampler_for
 
 __all__ = ["jax_graph", "jaxify", "funcify", "random_function", "RandomFunction"]
@@ -178,10 +179,23 @@ def _jax_draw(op: _Draw, node: Apply, **kwargs: Any) -> Callable:
 
     def draw(key, size, *params):
         batch = static if None not in static else _batch_shape(size, params, ndims_params)
-        next_key, key = jax.random.split(key) if split else (key, key)
+        next_key, key = _split(key) if split else (key, key)
         return next_key, sample(key, batch, dtype, *params)
 
     return draw
+
+
+def _split(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`jax.random.split(key)`, each key hashed unrolled where `_compat` can (a `Scan` splits
+    at every step: no loop inside its body to compile)."""
+    if str(jax.random.key_impl(key)) != "threefry2x32" or not splits_key_at():
+        first, second = jax.random.split(key)
+        return first, second
+    data = jax.random.key_data(key)
+    first, second = (
+        jax.random.wrap_key_data(split_key_at(data, i), impl="threefry2x32") for i in (0, 1)
+    )
+    return first, second
 
 
 def _batch_shape(size: Any, params: Sequence[Any], ndims_params: Sequence[int]) -> tuple:

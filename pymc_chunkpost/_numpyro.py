@@ -55,6 +55,7 @@ from numpyro.infer.util import log_likelihood as _numpyro_log_likelihood
 
 from . import _postprocess
 from ._cache import FunctionCache
+from ._compat import split_key_at, splits_key_at
 from ._options import check_options
 from ._types import Plan
 
@@ -405,10 +406,21 @@ def _predict(
     draw with numpyro's key for it, over `batch_shape`. `owner` keys the cache."""
     names = list(posterior)
     draws = [_as_chains_draws(posterior[n], batch_shape) for n in names]
-    keys = _place_like(_draw_keys(rng_key, batch_shape), draws[0] if draws else None)
+    key_data = jnp.asarray(jax.random.key_data(rng_key) if _is_key(rng_key) else rng_key)
+    # Each draw's key from the draw's index, in the draw's own program (no split program to
+    # compile); where this jax splits otherwise, numpyro's split into a key per draw.
+    per_draw_key = splits_key_at()
+    lead = _chains_draws(batch_shape)
+    if per_draw_key:
+        keys = np.arange(math.prod(lead), dtype=np.uint32).reshape(lead)
+    else:
+        keys = _split_keys(key_data, lead)
+    keys = _place_like(keys, draws[0] if draws else None)
 
     def per_draw(*values: Any) -> dict[str, Any]:
         *draw, key = values
+        if per_draw_key:
+            key = _key_at(key_data, key)
         samples = dict(zip(names, draw))
         return _predict_draw(
             model, key, samples, return_sites, condition_deterministic, args, kwargs
@@ -469,16 +481,15 @@ def _log_likelihood_draw(
 # --- the draws: layout, keys, checks -------------------------------------------------------
 
 
-def _draw_keys(rng_key: Any, batch_shape: tuple[int, ...]) -> jax.Array:
-    """Each draw's key data, in the engine's `(chains, draws, ...)` layout, exactly as numpyro's
-    `_predictive` derives them: one split into a key per draw, in the draws' order."""
-    return _split_keys(jnp.asarray(rng_key), _chains_draws(batch_shape))
+#: `split_key_at`, traced once per process: a draw's key is then one call in each trace.
+_key_at = jax.jit(split_key_at)
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def _split_keys(rng_key: jax.Array, lead: tuple[int, int]) -> jax.Array:
-    """numpyro's split, and its layout, in one program (one compile, as numpyro's split)."""
-    keys = jax.random.key_data(random.split(rng_key, math.prod(lead)))
+def _split_keys(key_data: jax.Array, lead: tuple[int, int]) -> jax.Array:
+    """Each draw's key data in the engine's `(chains, draws, 2)` layout, exactly as numpyro's
+    `_predictive` derives them: one split into a key per draw, in the draws' order."""
+    keys = random.split(key_data, math.prod(lead))
     return keys.reshape(lead + keys.shape[1:])
 
 

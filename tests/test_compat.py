@@ -148,3 +148,16 @@ def test_unrolled_threefry_gives_jaxs_threefry_bits(shape):
         return jax.jit(draw).lower(data).compile().as_text()
 
     assert " while(" in hlo("threefry2x32") and " while(" not in hlo(impl)
+
+
+def test_split_key_at_gives_jaxs_split_keys():
+    """Key `i` of `jax.random.split(key, n)` from `i` alone, compiled or not, for raw and typed
+    keys' data, on this stack (partitionable threefry, jax's default on both)."""
+    assert _compat.splits_key_at()
+    for key in (jax.random.key(3), jax.random.PRNGKey(4)):
+        data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+        want = np.asarray(jax.random.key_data(jax.random.split(key, 37)))
+        indices = np.arange(37, dtype=np.uint32)
+        got = jax.jit(jax.vmap(lambda i, d=data: _compat.split_key_at(d, i)))(indices)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(_compat.split_key_at(data, np.uint32(36)), want[36])
