@@ -167,10 +167,9 @@ CALLS = frozenset({"jit"})
 #    (`SmallWhileLoopHoistingPass`, the call marked `xla_cpu_small_call`), on one thread. The
 #    same hash unrolled (jax's lowering for other platforms) fuses into the draw, and runs
 #    faster on both (docs/predictive.md, "Random numbers"). `unrolled_threefry` is threefry
-#    with that hash on a CPU: the
-#    same keys, splits and bits (tests/test_compat.py compares them), built from jax's private
-#    threefry functions, as of jax 0.10.2 and 0.12. A jax that moves them gives None, and the
-#    samplers keep jax's threefry.
+#    with that hash on a CPU: the same keys, splits and bits (tests/test_compat.py compares
+#    them), built from jax's private threefry functions, as of jax 0.10.2 and 0.12. A jax that
+#    moves them gives None, and the samplers keep jax's threefry.
 
 
 #: The name (`str(jax.random.key_impl(key))`) of `unrolled_threefry`'s keys.
@@ -189,7 +188,7 @@ def unrolled_threefry() -> Any:
         from jax._src.random import threefry2x32 as threefry
 
         rolled_bits = threefry.threefry_random_bits
-        hash_unrolled = _threefry_parts()
+        hash_unrolled = _unrolled_hash()
         counts = prng.iota_2x32_shape
         uint_dtypes = prng.UINT_DTYPES
         seed, split, fold_in = (
@@ -237,8 +236,9 @@ def unrolled_threefry() -> Any:
 
 
 @functools.cache
-def _threefry_parts() -> Any:
-    """jax's private threefry functions that item 6 builds on, or None where they moved."""
+def _unrolled_hash() -> Any:
+    """jax's threefry hash as its unrolled lowering, a function of traced arrays (private, item
+    6), or None where it moved."""
     try:
         from jax._src.random import threefry2x32 as threefry
 
@@ -253,7 +253,7 @@ def splits_key_at() -> bool:
     from is where item 6 finds it. Otherwise use `jax.random.split`."""
     import jax
 
-    return _threefry_parts() is not None and bool(
+    return _unrolled_hash() is not None and bool(
         jax.config.values.get("jax_threefry_partitionable")
     )
 
@@ -269,7 +269,7 @@ def split_key_at(key_data: Any, index: Any) -> Any:
     """
     import jax.numpy as jnp
 
-    hash_unrolled = _threefry_parts()
+    hash_unrolled = _unrolled_hash()
     index = jnp.asarray(index, jnp.uint32)
     bits1, bits2 = hash_unrolled(
         key_data[0], key_data[1], jnp.zeros_like(index), index, use_rolled_loops=False

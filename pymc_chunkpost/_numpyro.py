@@ -507,12 +507,7 @@ def _as_chains_draws(x: Any, batch_shape: tuple[int, ...]) -> Any:
     view: free for numpy arrays and for arrays on one CPU device (a numpy view of the same
     memory, which the engine places without a copy); elsewhere a reshaped copy of this input.
     """
-    return _reshaped(x, _chains_draws(batch_shape) + tuple(x.shape[len(batch_shape) :]))
-
-
-def _reshaped(x: Any, shape: tuple[int, ...]) -> Any:
-    """`x` in `shape`: a numpy view for numpy arrays and for arrays on one CPU device (of the
-    same memory, which the engine places without a copy); elsewhere a reshaped copy."""
+    shape = _chains_draws(batch_shape) + tuple(x.shape[len(batch_shape) :])
     if tuple(x.shape) == shape:
         return x
     if isinstance(x, jax.Array) and (_is_key(x) or _device_of(x) is None):

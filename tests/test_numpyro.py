@@ -30,7 +30,7 @@ from numpyro.infer import Predictive as NumpyroPredictive  # noqa: E402
 from numpyro.infer.autoguide import AutoNormal  # noqa: E402
 from numpyro.infer.util import log_likelihood as numpyro_log_likelihood  # noqa: E402
 
-from pymc_chunkpost import _numpyro  # noqa: E402
+from pymc_chunkpost import _compat, _numpyro  # noqa: E402
 from pymc_chunkpost.numpyro import Predictive, log_likelihood  # noqa: E402
 
 CHAINS, DRAWS = 2, 12
@@ -101,6 +101,19 @@ def test_predictive_equals_numpyro(posteriors, name, batch_ndims):
     options = {"postprocessing_vectorize": "chunked", "chunk_size": 5} if batch_ndims == 1 else {}
     ours = Predictive(model, draws, batch_ndims=batch_ndims, **options)(KEY, *args)
     theirs = NumpyroPredictive(model, draws, batch_ndims=batch_ndims)(KEY, *args)
+    assert_identical(ours, theirs)
+
+
+@pytest.mark.parametrize("batch_ndims", [1, 2])
+def test_predictive_equals_numpyro_under_the_original_threefry_split(posteriors, batch_ndims):
+    """Where jax splits keys with its original (non-partitionable) threefry, a draw's key is
+    no single hash of its index: the route splits as numpyro does, and still equals it."""
+    model, args = MODELS["hierarchical"]
+    draws = _batched(posteriors("hierarchical")[0], batch_ndims)
+    with jax.threefry_partitionable(False):
+        assert not _compat.splits_key_at()
+        ours = Predictive(model, draws, batch_ndims=batch_ndims)(KEY, *args)
+        theirs = NumpyroPredictive(model, draws, batch_ndims=batch_ndims)(KEY, *args)
     assert_identical(ours, theirs)
 
 
