@@ -120,6 +120,13 @@ class PlannerConfig:
             and splitting it over host devices measured slower.
         spread_min_bytes: ...when the outputs and temporaries of the whole run come to at
             least this much work.
+        max_lanes: a serial problem on a CPU (each draw computed by a program of one draw,
+            in a loop that XLA runs on one thread) streams its chunks into host memory from
+            one host thread per core, up to this many: the same compiled step, called
+            concurrently on other draws (numpyro's 2,000- and 30,000-row regressions ran
+            1.6-2x faster on 2 cores).
+        lane_chunks: ...each lane streaming at least this many chunks, so that a lane's
+            next chunk computes while its last one is written into place.
 
     Memory and the on-disk store:
         trim_min_bytes: outputs of at least this many bytes that land in host memory are
@@ -165,6 +172,8 @@ class PlannerConfig:
     library_min_gain: float = 1.25
     spread_platforms: tuple[str, ...] = ("gpu", "cuda", "rocm", "tpu")
     spread_min_bytes: int = 64 * MiB
+    max_lanes: int = 8
+    lane_chunks: int = 4
     trim_min_bytes: int = 32 * MiB
     store_max_bytes: int = 256 * MiB
     store_max_constant_bytes: int = 16 * MiB
@@ -207,6 +216,8 @@ EVIDENCE: dict[str, str] = {
     "library_min_gain": f"{_STRATEGIES}#library-minimum-gain",
     "spread_platforms": f"{_STRATEGIES}#spreading-over-accelerators",
     "spread_min_bytes": f"{_STRATEGIES}#spreading-over-accelerators",
+    "max_lanes": "docs/numpyro.md#lanes-a-loop-of-one-draw-programs-on-every-core",
+    "lane_chunks": "docs/numpyro.md#lanes-a-loop-of-one-draw-programs-on-every-core",
     "trim_min_bytes": f"{_STRATEGIES}#heap-trim",
     "store_max_bytes": f"{_STRATEGIES}#executable-store-size",
     "store_max_constant_bytes": f"{_STRATEGIES}#executable-store-constants",

@@ -23,7 +23,7 @@ from . import _executable_store
 from ._cache import FunctionCache
 from ._compat import NO_LIBRARY_FUSIONS, unserializable_after_run
 from ._config import current
-from ._host_output import stream_to_host
+from ._host_output import aligned_empty, stream_to_host
 from ._memory import release_freed_heap
 from ._problem import Problem, is_out_of_memory, uses_primitives
 from ._program import Call, Program, Request, program_for
@@ -130,8 +130,8 @@ class Executable:
     @property
     def peak_bytes(self) -> int:
         """New memory per device at the peak: outputs and temporaries, less aliased inputs."""
-        if self.call is Call.TO_HOST:  # two chunks' outputs in flight, one's temporaries
-            return 2 * self.output_bytes + self.temp_bytes
+        if self.call is Call.TO_HOST:  # per lane, two chunks' outputs and one's temporaries
+            return self.request.lanes * (2 * self.output_bytes + self.temp_bytes)
         if self.host_driven:  # the step updates the outputs in place
             return self.problem.output_bytes // self.problem.n_shards + self.temp_bytes
         return self.output_bytes + self.temp_bytes - self.alias_bytes
@@ -207,8 +207,11 @@ def _compile_to_host(program: Program) -> Executable:
     _after_compile(problem, "host")
     out_specs = [problem.out_specs[j] for j in problem.computed]
 
+    # Lanes are a CPU's: its outputs are aligned, to be placed on the device without a copy.
+    empty = aligned_empty if program.request.lanes > 1 else np.empty
+
     def init() -> list:
-        return [np.empty(s.shape, s.dtype) for s in out_specs]
+        return [empty(s.shape, s.dtype) for s in out_specs]
 
     memory = next(iter(steps.values())).memory_analysis()
     return Executable(
@@ -515,6 +518,15 @@ def _stream_to_host(exe: Executable, outputs: list, samples: list) -> list:
             local, where = [s.data for s in shards], shards[0].index[:1]
         views = [o[where] for o in outputs]  # a block of whole chains: C-contiguous
         on_progress = progress if exe.progress else None
-        stream_to_host(compiled, local, n_local, size, local_specs, on_progress, out=views)
+        stream_to_host(
+            compiled,
+            local,
+            n_local,
+            size,
+            local_specs,
+            on_progress,
+            out=views,
+            lanes=exe.request.lanes,
+        )
         done += n_local
     return outputs

@@ -29,7 +29,10 @@ caller once every chunk has landed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
+import math
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +45,9 @@ from ._chunked import read_slice
 from ._jaxpr_eval import vmap_draws
 
 __all__ = [
+    "ALIGNMENT",
     "Transfer",
+    "aligned_empty",
     "default_transfer",
     "host_memory_kind",
     "chunk_starts",
@@ -199,14 +204,21 @@ def stream_to_host(
     *,
     transfer: Transfer | None = None,
     out: Sequence[np.ndarray] | None = None,
+    lanes: int = 1,
 ) -> list[np.ndarray]:
     """Run the chunk step over every chunk and land each chunk's outputs in host memory.
 
     Chunk `k + 1` is dispatched before chunk `k` is landed: the device computes it while
     chunk `k` travels to the host and is written into place. At most two chunks' outputs are
-    alive on the device at once. On an error (an out-of-memory RESOURCE_EXHAUSTED included)
-    the chunks in flight are released and the error is raised; the samples are never donated
-    here, so they are intact, and the caller may retry (with `out` to reuse the host arrays).
+    alive on the device at once per lane. On an error (an out-of-memory RESOURCE_EXHAUSTED
+    included) the chunks in flight are released and the error is raised; the samples are
+    never donated here, so they are intact, and the caller may retry (with `out` to reuse the
+    host arrays).
+
+    With `lanes > 1`, the chunks are cut into that many contiguous runs, each streamed by its
+    own host thread: the same compiled step, called concurrently on other draws, for a step
+    that XLA runs on one thread (a loop of one-draw programs on a CPU). Every chunk is
+    computed and written as with one lane, so the outputs are the same, bit for bit.
 
     Args:
         compiled_chunk: the step from `compile_host_chunks` (or any callable with the
@@ -221,7 +233,9 @@ def stream_to_host(
         out: preallocated C-contiguous outputs to fill (e.g. from a failed attempt); by
             default new ones are made with `np.empty`.
             Memory: the outputs, once, in host memory (pages are touched as chunks land), plus
-            two chunks; time: one host copy of every output byte, overlapped with compute.
+            two chunks per lane; time: one host copy of every output byte, overlapped with
+            compute.
+        lanes: host threads that stream chunks at once (at most one per chunk).
 
     Returns:
         One numpy array per output, shape and dtype of `out_specs`: plain, C-contiguous,
@@ -232,6 +246,8 @@ def stream_to_host(
         jax.errors.JaxRuntimeError: from the device, e.g. RESOURCE_EXHAUSTED.
     """
     size = _check_sizes(n_items, chunk_size)
+    if isinstance(lanes, bool) or not isinstance(lanes, int | np.integer) or lanes < 1:
+        raise ValueError(f"`lanes` must be a positive int, got {lanes!r}.")
     n = int(n_items)
     samples = list(samples)
     lead = tuple(samples[0].shape[:2]) if samples else None
@@ -278,20 +294,68 @@ def stream_to_host(
             view = np.asarray(y)
             flat[written : start + size] = view[written - start :]
 
-    pending = nxt = None
-    try:
-        pending = dispatch(0)
-        for k in range(len(starts)):
-            nxt = dispatch(k + 1) if k + 1 < len(starts) else None
-            land(k, pending)
-            pending, nxt = nxt, None  # chunk k released: only chunk k + 1 is in flight
-            if on_progress is not None:
-                on_progress(min((k + 1) * size, n), n)
-    except BaseException as error:
-        # Release the chunks in flight now, not when the caller drops the traceback: the
-        # frames below this one (dispatch, land) still hold chunk outputs.
-        pending = nxt = None
-        if error.__traceback__ is not None:
-            traceback.clear_frames(error.__traceback__.tb_next)
-        raise
+    _in_lanes(dispatch, land, len(starts), int(lanes), size, n, on_progress)
     return out
+
+
+def _in_lanes(dispatch, land, n_chunks: int, lanes: int, size: int, n: int, on_progress) -> None:
+    """Every chunk dispatched and landed, in `lanes` contiguous runs of chunks, each on a host
+    thread of its own (the calling thread where there is one run). In each run chunk `k + 1`
+    is dispatched before chunk `k` is landed; once a run fails, the others dispatch nothing
+    more, and the first error is raised when every run has stopped."""
+    done, lock, failed = [0], threading.Lock(), threading.Event()
+
+    def stream(ks: range) -> None:
+        pending = nxt = None
+        try:
+            pending = dispatch(ks[0])
+            for k in ks:
+                if failed.is_set():
+                    return
+                nxt = dispatch(k + 1) if k + 1 < ks.stop else None
+                land(k, pending)
+                pending, nxt = nxt, None  # chunk k released: only chunk k + 1 is in flight
+                if on_progress is not None:
+                    with lock:  # runs land in any order: report the items landed so far
+                        done[0] += min((k + 1) * size, n) - k * size
+                        on_progress(done[0], n)
+        except BaseException as error:
+            # Release the chunks in flight now, not when the caller drops the traceback: the
+            # frames below this one (dispatch, land) still hold chunk outputs.
+            failed.set()
+            pending = nxt = None
+            if error.__traceback__ is not None:
+                traceback.clear_frames(error.__traceback__.tb_next)
+            raise
+
+    runs = _lane_runs(n_chunks, lanes)
+    if len(runs) == 1:
+        stream(runs[0])
+        return
+    with concurrent.futures.ThreadPoolExecutor(len(runs), "chunkpost-lane") as pool:
+        futures = [pool.submit(stream, ks) for ks in runs]
+        errors = [f.exception() for f in futures]  # waits for every run
+    for error in errors:
+        if error is not None:
+            raise error
+
+
+def _lane_runs(n_chunks: int, lanes: int) -> list[range]:
+    """The chunk indices cut into at most `lanes` contiguous runs of near-equal length."""
+    lanes = max(1, min(lanes, n_chunks))
+    bounds = [n_chunks * i // lanes for i in range(lanes + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+#: Host outputs start at this alignment: jax places a numpy array so aligned on a CPU device
+#: without a copy (`jax.device_put` aliases its memory; a less aligned one is copied).
+ALIGNMENT = 64
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """`np.empty(shape, dtype)` whose data start at an `ALIGNMENT`-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(tuple(shape))

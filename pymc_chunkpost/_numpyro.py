@@ -419,14 +419,13 @@ def _predict(
 
     def per_draw(*values: Any) -> dict[str, Any]:
         *draw, key = values
-        if per_draw_key:
-            key = _key_at(key_data, key)
         samples = dict(zip(names, draw))
         return _predict_draw(
             model, key, samples, return_sites, condition_deterministic, args, kwargs
         )
 
-    return _map(owner, per_draw, [*draws, keys], batch_shape, options, "Predictive")
+    seed = key_data if per_draw_key else None
+    return _map(owner, per_draw, [*draws, keys], batch_shape, options, "Predictive", seed)
 
 
 # --- one draw, as numpyro computes it ------------------------------------------------------
@@ -479,10 +478,6 @@ def _log_likelihood_draw(
 
 
 # --- the draws: layout, keys, checks -------------------------------------------------------
-
-
-#: `split_key_at`, traced once per process: a draw's key is then one call in each trace.
-_key_at = jax.jit(split_key_at)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -671,12 +666,15 @@ class _Traced:
             flattens numpyro's dict of results).
         used: indices of the inputs the program reads (at least one: the engine maps inputs).
         forwarded: per output, whether it is an input passed through.
+        key_at: where `jax_fn` takes each draw's index, from which it derives the draw's key
+            (its last input is then the seed's key data); None: no key to derive.
     """
 
     jax_fn: Callable
     names: tuple[str, ...]
     used: tuple[int, ...]
     forwarded: tuple[bool, ...]
+    key_at: int | None = None
 
 
 def _map(
@@ -686,21 +684,26 @@ def _map(
     batch_shape: tuple[int, ...],
     options: _Options,
     label: str,
+    seed: jax.Array | None = None,
 ) -> tuple[dict[str, Any], Plan | None]:
     """`per_draw` (one draw's inputs to a dict of outputs) over `inputs`, each of shape
     `(chains, draws, ...)`; the outputs shaped `batch_shape + ...`; `label` names the
-    progress bar."""
+    progress bar. With a `seed` (a threefry key's data), the last input is each draw's index
+    and `per_draw` takes the draw's key there: key `index` of the seed's split."""
     specs = [
         jax.ShapeDtypeStruct(tuple(x.shape[2:]), jax.dtypes.canonicalize_dtype(x.dtype))
         for x in inputs
     ]
-    traced, small = _trace(owner, per_draw, specs, options.exact)
+    if seed is not None:
+        specs[-1] = jax.ShapeDtypeStruct(seed.shape, seed.dtype)
+    traced, small = _trace(owner, per_draw, specs, options.exact, seed is not None)
     if not traced.names:  # numpyro returns an empty dict; nothing to run
         return {}, None
     lead = tuple(inputs[0].shape[:2])
     # Each small constant as a value per draw: draws x its bytes (`SMALL_CONSTANT_BYTES`).
     per_draw_small = [
-        _place_like(np.broadcast_to(np.asarray(c), lead + np.shape(c)), inputs[0]) for c in small
+        _place_like(np.broadcast_to(np.asarray(c), lead + np.shape(c)), inputs[0])
+        for c in (*small, *([seed] if traced.key_at is not None else []))
     ]
     outputs, plan = _postprocess.run(
         traced.jax_fn,
@@ -713,6 +716,7 @@ def _map(
         progressbar=options.progressbar,
         output_memory=options.output_memory,
         progress_label=label,
+        serial=options.exact,
     )
     result = {
         name: _unbatch(y, batch_shape, forwarded)
@@ -722,11 +726,17 @@ def _map(
 
 
 def _trace(
-    owner: Callable, per_draw: Callable, specs: list[jax.ShapeDtypeStruct], exact: bool
+    owner: Callable,
+    per_draw: Callable,
+    specs: list[jax.ShapeDtypeStruct],
+    exact: bool,
+    keyed: bool = False,
 ) -> tuple[_Traced, list[Any]]:
     """Trace one draw of `per_draw`: the engine's function for it (the one made for the same
     program and data before, so that the engine's compiled executables are reused), and the
-    program's small constants, which that function takes as per-draw inputs.
+    program's small constants, which that function takes as per-draw inputs. `keyed`: the
+    last input is a draw's key, which the engine's function derives from the draw's index
+    (`_keys_from_indices`).
 
     In numpyro's `lax.map` the model's data are operands of the loop: parameters of the
     compiled program. Here a constant of up to `SMALL_CONSTANT_BYTES` (a distribution's
@@ -747,14 +757,17 @@ def _trace(
     consts = list(closed.consts)
     small = tuple(i for i, c in enumerate(consts) if _is_small(c))
     data = tuple(_fingerprint(c) for i, c in enumerate(consts) if i not in small)
-    key = (str(jaxpr), names, used, small, data, exact)
+    key_at = used.index(len(specs) - 1) if keyed and len(specs) - 1 in used else None
+    key = (str(jaxpr), names, used, small, data, exact, key_at)
     owner = getattr(owner, "__func__", owner)  # a bound method: its function lives on
     traced = _FUNCTIONS.get(owner, key)
     if traced is None:
         jax_fn = _engine_function(closed, used, small)
         if exact:
-            jax_fn = _one_draw_at_a_time(jax_fn)
-        traced = _Traced(jax_fn, names, used, forwarded)
+            jax_fn = _one_draw_at_a_time(jax_fn, len(small))
+        if key_at is not None:
+            jax_fn = _keys_from_indices(jax_fn, key_at)
+        traced = _Traced(jax_fn, names, used, forwarded, key_at)
         _FUNCTIONS.put(owner, key, traced)
     return traced, [consts[i] for i in small]
 
@@ -799,14 +812,18 @@ def _engine_function(closed: Any, used: tuple[int, ...], small: tuple[int, ...])
     return jax_fn
 
 
-def _one_draw_at_a_time(fn: Callable) -> Callable:
+def _one_draw_at_a_time(fn: Callable, n_invariant: int = 0) -> Callable:
     """`fn`, which `jax.vmap` maps as `lax.map`: one draw per step, however many are mapped.
+    Its last `n_invariant` inputs are the same at every draw (the small constants, mapped
+    as per-draw inputs): the loop takes draw 0's as an operand of its own.
 
     Invariant: every draw is computed by the program of one draw, as in numpyro's loop, so
     that XLA's shape-dependent rewrites (in a batch, a loop-invariant operand is a
     broadcast, and XLA reassociates `(a * b) * broadcast(c)`) and its fused multiply-adds
     are those of numpyro's program: the numbers do not depend on how many draws a chunk
-    maps (docs/numpyro.md). Under nested maps each level is a loop.
+    maps (docs/numpyro.md). Under nested maps each level is a loop. The small constants
+    reach the loop as numpyro's reach its loop: operands of the loop, not sliced per step
+    (sliced, XLA compiled the 5,000-row `deterministic_sites` loop 2.5x slower).
     """
 
     @jax.custom_batching.custom_vmap
@@ -815,6 +832,11 @@ def _one_draw_at_a_time(fn: Callable) -> Callable:
 
     @per_draw.def_vmap
     def rule(axis_size: int, in_batched: list[bool], *inputs: Any) -> tuple[list, list]:
+        invariant = range(len(inputs) - n_invariant, len(inputs))
+        inputs = tuple(
+            x[0] if i in invariant and in_batched[i] else x for i, x in enumerate(inputs)
+        )
+        in_batched = [b and i not in invariant for i, b in enumerate(in_batched)]
         mapped = tuple(x for x, batched in zip(inputs, in_batched) if batched)
 
         def one(values: tuple) -> list[Any]:
@@ -831,6 +853,24 @@ def _one_draw_at_a_time(fn: Callable) -> Callable:
         return outputs, [True] * len(outputs)
 
     return per_draw
+
+
+def _keys_from_indices(fn: Callable, at: int) -> Callable:
+    """`fn`, whose input `at` is a draw's key data, as a function of the draw's index there
+    and of the seed's key data as one more, last input: the draw's key is key `index` of the
+    seed's split (`split_key_at`).
+
+    Invariant: the keys are hashed outside `fn`, so that under the engine's map a chunk's keys
+    hash together, vectorised, before `fn`'s loop of one-draw programs takes them, as
+    numpyro's loop takes the keys of its split. Integer arithmetic: the same bits in a batch.
+    """
+
+    def keyed(*inputs: Any) -> list[Any]:
+        *inputs_, seed = inputs
+        inputs_[at] = split_key_at(seed, inputs_[at])
+        return fn(*inputs_)
+
+    return keyed
 
 
 def _fingerprint(value: Any) -> tuple:

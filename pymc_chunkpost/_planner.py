@@ -43,7 +43,7 @@ from ._memory import free_bytes
 from ._messages import budget_text, mib, warn
 from ._problem import Problem, cpu_cores, is_out_of_memory
 from ._program import Request
-from ._resources import check_budget, output_memory_for
+from ._resources import check_budget, lanes_for, output_memory_for
 from ._tuner import CompileCandidate, Tuner
 from ._types import Loop, Origin, Plan
 
@@ -83,17 +83,25 @@ class _Call:
         return _make_plan(self.problem, self.budget, exe, strategy, reason, source, seconds)
 
 
-def _host_output_attempt(call: _Call, chunk_size: int | None, why_host: str) -> Attempt:
+def _host_output_attempt(
+    call: _Call, chunk_size: int | None, why_host: str, held: int = 0
+) -> Attempt:
     """Chunks computed on the device and landed in host memory: the device holds the draws,
-    two chunks' outputs and one chunk's temporaries (`_host_output`)."""
+    two chunks' outputs and one chunk's temporaries per lane (`_host_output`); `held`: bytes
+    of the budget that the outputs take (a CPU's lanes, whose host memory is the device's)."""
     problem, budget = call.problem, call.budget
     n = problem.n_local
     per_item = problem.per_item_bytes + problem.intermediate_bytes
+    lanes, _ = lanes_for(problem)
     if chunk_size is not None:
         size, why, source = min(chunk_size, n), "as requested", "requested"
     elif problem.device.platform == "cpu":
         size, why = _fast_chunk_size(problem, float(problem.intermediate_bytes), None)
         source = "rule"
+        if lanes > 1:  # every lane streams chunks of its own
+            most = -(-n // (lanes * current().lane_chunks))
+            if size > most:
+                size, why = most, f"{current().lane_chunks} chunks per lane"
     else:  # a fraction of the budget: two chunks in flight, temporaries, the autotuner
         size = n
         if budget is not None:
@@ -101,14 +109,17 @@ def _host_output_attempt(call: _Call, chunk_size: int | None, why_host: str) -> 
             size = max(1, min(n, chunk_bytes // max(per_item, 1)))
         why, source = "a quarter of the device budget per chunk", "rule"
     while True:
-        request = Request("chunked", Loop.HOST, size, (), call.progress, "host")
+        request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
         exe = _compile(call.jax_fn, problem, request)
-        if exe is not None and exe.peak_bytes <= call.limit:
+        if exe is not None and held + exe.peak_bytes <= call.limit:
+            streams = f" by {lanes} lanes" if lanes > 1 else ""
             reason = (
-                f"Chunks of {size} draws ({why}), each landed in host memory ({why_host}): "
-                f"{mib(exe.peak_bytes)} on the device, within {budget_text(budget)}."
+                f"Chunks of {size} draws ({why}), each landed in host memory ({why_host})"
+                f"{streams}: {mib(held + exe.peak_bytes)} on the device, within "
+                f"{budget_text(budget)}."
             )
-            return Attempt(call.plan(exe, "chunked", reason, source), exe)
+            plan = call.plan(exe, "chunked", reason, source)
+            return Attempt(dataclasses.replace(plan, peak_bytes=held + exe.peak_bytes), exe)
         if size == 1:
             raise MemoryError(
                 "Even one draw at a time does not fit the device's memory with the outputs "
@@ -195,6 +206,7 @@ def _make_plan(
         devices_reason=problem.placement.reason,
         output_memory=exe.output_memory,
         library_fusions=exe.library_fusions,
+        lanes=exe.request.lanes,
     )
 
 
@@ -323,7 +335,10 @@ def first_attempt(
     if planned:
         where, why_host = output_memory_for(problem, output_memory, budget)
         if where == "host":
-            return _host_output_attempt(call, chunk_size, why_host)
+            # Chosen on a CPU (lanes), the outputs take the budget they share with the work.
+            chosen = output_memory != "host" and problem.device.platform == "cpu"
+            held = problem.output_bytes if chosen else 0
+            return _host_output_attempt(call, chunk_size, why_host, held)
     check_budget(problem, budget)
     if not planned:
         return _fixed_attempt(call, strategy)
@@ -662,6 +677,7 @@ def _compiled_here(
         size,
         output_memory=failed_exe.output_memory,
         segmented=failed_exe.segments,
+        lanes=failed_exe.request.lanes,
     )
     replace = foreign is Origin.LOADED
     exe = _compile(call.jax_fn, call.problem, request, stored=replace)
@@ -703,7 +719,8 @@ def _smaller_attempt(
     )
     while True:
         if host:
-            request = Request("chunked", Loop.HOST, size, (), call.progress, "host")
+            lanes = failed.exe.request.lanes if failed is not None else 1
+            request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
         else:
             request = call.request("chunked", loop, size)
         exe = _compile(call.jax_fn, problem, request)

@@ -164,19 +164,22 @@ def run(
     progressbar: bool = False,
     output_memory: str = "auto",
     progress_label: str = "Transforming variables",
+    serial: bool = False,
 ) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
-    progress bar (each route says what it computes)."""
+    progress bar (each route says what it computes). `serial`: `jax_fn`, mapped, computes
+    one draw at a time (`Problem.serial`)."""
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    serial = _resources.serial_shards(problem)
-    if serial is not None:
+    problem = dataclasses.replace(problem, serial=True) if serial else problem
+    one_by_one = _resources.serial_shards(problem)
+    if one_by_one is not None:
         return _run_shard_by_shard(
             jax_fn,
             samples,
             problem,
-            serial,
+            one_by_one,
             strategy,
             donate_samples,
             chunk_size=chunk_size,
@@ -243,9 +246,18 @@ def run(
             placed[i].delete()
     it = iter(computed)
     outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
-    if attempt.exe.output_memory == "host":  # every output in host memory, as asked
-        outputs = [np.asarray(x) for x in outputs]
+    if attempt.exe.output_memory == "host":
+        outputs = _from_host(outputs, problem, output_memory)
     return outputs, _planner.finished(attempt)
+
+
+def _from_host(outputs: list[Any], problem: Problem, output_memory: str) -> list[Any]:
+    """Outputs that landed in host memory, as asked: numpy arrays, except where the planner
+    chose host memory on a CPU (lanes), the device's own memory: there `jax.Array`s on the
+    device, placed without a copy (the lanes' host outputs are aligned for it)."""
+    if output_memory != "host" and problem.device.platform == "cpu":
+        return [jax.device_put(x, problem.device) for x in outputs]
+    return [np.asarray(x) for x in outputs]
 
 
 def _run_shard_by_shard(

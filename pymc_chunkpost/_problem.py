@@ -113,6 +113,9 @@ class Problem:
             so a Python-heavy function (a jaxified pytensor graph) is traced only once.
         gathered_bytes: per draw, the bytes of the results of gathers and scatters of the
             draw's values (`a[idx]`, row-indexed group effects); 0 where there are none.
+        serial: the function, mapped, computes one draw at a time (a loop of programs of one
+            draw, as numpyro's route does for numpyro's numbers), which XLA runs on one
+            thread (`_resources.lanes_for`).
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -124,6 +127,7 @@ class Problem:
     fingerprint: str = dataclasses.field(default="", compare=False, repr=False)
     jaxpr: Any = dataclasses.field(default=None, compare=False, repr=False)
     gathered_bytes: int = dataclasses.field(default=0, compare=False)
+    serial: bool = False
 
     @property
     def device(self) -> jax.Device:

@@ -68,6 +68,8 @@ class Request:
             tuner switches chunk sizes between segments).
         library_fusions: whether XLA's CPU library fusions stay on (the default); False
             compiles with `_compat.NO_LIBRARY_FUSIONS` (an XLA loop on a CPU only).
+        lanes: for outputs in host memory, the host threads that stream chunks at once
+            (`_host_output.stream_to_host`); the compiled step is the same for any number.
     """
 
     strategy: str
@@ -78,6 +80,7 @@ class Request:
     output_memory: str = "device"
     segmented: bool = False
     library_fusions: bool = True
+    lanes: int = 1
 
     @property
     def segments(self) -> bool:
@@ -91,6 +94,8 @@ class Request:
         key += (self.progress, self.output_memory, self.segments)
         if not self.library_fusions:  # a new key only where it differs: the default's stay
             key += ("no library fusions",)
+        if self.lanes > 1:
+            key += (f"{self.lanes} lanes",)
         return key
 
 

@@ -17,9 +17,16 @@ from ._config import current
 from ._host_output import host_memory_kind
 from ._memory import free_bytes, host_free_bytes
 from ._messages import budget_text, mib, warn
-from ._problem import Placement, Problem, uses_primitives
+from ._problem import Placement, Problem, cpu_cores, uses_primitives
 
-__all__ = ["check_budget", "output_memory_for", "resolve_budget", "serial_shards", "spread"]
+__all__ = [
+    "check_budget",
+    "lanes_for",
+    "output_memory_for",
+    "resolve_budget",
+    "serial_shards",
+    "spread",
+]
 
 
 def check_budget(problem: Problem, budget: int | None) -> None:
@@ -58,6 +65,26 @@ def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
         return None
     free = min(f for f in frees if f is not None)
     return free // shards if cpu else free
+
+
+def lanes_for(problem: Problem) -> tuple[int, str]:
+    """How many host threads stream chunks at once (`_host_output.stream_to_host`), and why:
+    the one place this is decided.
+
+    One, but for a serial problem (each draw computed by a program of one draw, in a loop
+    that XLA runs on one thread) on one CPU device: there one per core, up to `max_lanes`
+    and to a chunk each. Not where the jaxlib deadlock of `serial_shards` could strike:
+    concurrent LAPACK kernels.
+    """
+    config = current()
+    if not problem.serial or problem.device.platform != "cpu" or problem.n_shards != 1:
+        return 1, "one lane"
+    if _compat.lapack_may_deadlock() and (
+        problem.jaxpr is None or uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES)
+    ):
+        return 1, "one lane: concurrent LAPACK kernels can deadlock in this jaxlib"
+    lanes = min(cpu_cores(), config.max_lanes, problem.n_local)
+    return max(lanes, 1), "XLA runs a loop of one-draw programs on one thread"
 
 
 def serial_shards(problem: Problem) -> str | None:
@@ -133,7 +160,8 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
 
     "auto" keeps them on the device when they fit its budget with room for one draw's work;
     otherwise, on an accelerator with a host memory kind, they land in host memory chunk by
-    chunk. It never chooses "host" on a CPU, where both are the same RAM.
+    chunk. On a CPU, where both are the same RAM, it chooses "host" only for lanes
+    (`lanes_for`): chunks streamed by several host threads at once.
 
     Raises:
         ValueError: "host" asked of draws split over several devices, or of an accelerator
@@ -164,7 +192,11 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
             )
         return "host", "as requested"
     room = per_device + problem.per_item_bytes + problem.intermediate_bytes
-    if budget is None or room <= budget:
+    fits = budget is None or room <= budget
+    lanes, why_lanes = lanes_for(problem)
+    if fits and lanes > 1:
+        return "host", f"{why_lanes}: lanes of chunks stream into it on {lanes} cores"
+    if fits:
         return "device", "they fit the device's budget"
     if device.platform == "cpu" or not can_stream:
         return "device", "no host memory to stream to"  # check_budget raises what is short

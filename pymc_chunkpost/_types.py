@@ -63,6 +63,8 @@ class Plan:
             (of the chunks compiled as `library_fusions` says).
         library_fusions: whether XLA's CPU library fusions were on (the default); False
             where the tuner measured the chunk faster without them.
+        lanes: host threads that streamed chunks at once (outputs in host memory; more
+            than one for a loop of one-draw programs on a CPU: `_resources.lanes_for`).
     """
 
     strategy: str
@@ -81,3 +83,4 @@ class Plan:
     output_memory: str = "device"
     tuning_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
     library_fusions: bool = True
+    lanes: int = 1

@@ -134,6 +134,47 @@ def test_progress_counts_every_draw(built, transfer, n, chunk_size):
     assert done == sorted(done) and done[-1] == n
 
 
+@pytest.mark.parametrize("lanes", [2, 3, 40])
+@pytest.mark.parametrize("n,chunk_size", [(40, 6), (30, 5), (4, 9)])
+def test_lanes_give_the_same_outputs_and_progress(built, lanes, n, chunk_size):
+    """Runs of chunks on several threads: the outputs of one lane, bit for bit, and every
+    draw reported once (the lanes land in any order)."""
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, n // 2)]
+    out_specs = jax.eval_shape(jax.vmap(jax.vmap(per_draw(jax_fn))), *specs_of(raw))
+    compiled = compile_host_chunks(per_draw(jax_fn), specs_of(raw), chunk_size)
+    one = stream_to_host(compiled, raw, n, chunk_size, out_specs)
+    calls = []
+    many = stream_to_host(
+        compiled, raw, n, chunk_size, out_specs, lambda *a: calls.append(a), lanes=lanes
+    )
+    for a, b in zip(one, many, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(calls) == len(chunk_starts(n, min(chunk_size, n)))
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls) and calls[-1] == (n, n)
+
+
+def test_a_failing_lane_stops_the_others_and_raises(built):
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 30)]
+    out_specs = jax.eval_shape(jax.vmap(jax.vmap(per_draw(jax_fn))), *specs_of(raw))
+    compiled = compile_host_chunks(per_draw(jax_fn), specs_of(raw), 2)
+    starts = []
+
+    def failing(samples, start):
+        starts.append(int(start))
+        if int(start) == 30:  # the first chunk of the second lane
+            raise jax.errors.JaxRuntimeError(TestOutOfMemory.ERROR)
+        return compiled(samples, start)
+
+    with pytest.raises(jax.errors.JaxRuntimeError, match="RESOURCE_EXHAUSTED"):
+        stream_to_host(failing, raw, 60, 2, out_specs, lanes=2)
+    assert len(starts) < 30  # the first lane stopped dispatching
+    assert all(not x.is_deleted() for x in raw)
+    with pytest.raises(ValueError, match="`lanes` must be a positive int"):
+        stream_to_host(compiled, raw, 60, 2, out_specs, lanes=0)
+
+
 class TestDeviceMemory:
     """At most two chunks' outputs are alive on the device at once."""
 

@@ -30,7 +30,7 @@ from numpyro.infer import Predictive as NumpyroPredictive  # noqa: E402
 from numpyro.infer.autoguide import AutoNormal  # noqa: E402
 from numpyro.infer.util import log_likelihood as numpyro_log_likelihood  # noqa: E402
 
-from pymc_chunkpost import _compat, _numpyro  # noqa: E402
+from pymc_chunkpost import _compat, _numpyro, _resources  # noqa: E402
 from pymc_chunkpost.numpyro import Predictive, log_likelihood  # noqa: E402
 
 CHAINS, DRAWS = 2, 12
@@ -343,6 +343,25 @@ def test_a_second_call_compiles_nothing_and_new_data_are_seen(posteriors, monkey
     changed = predictive(KEY, data)
     assert not np.array_equal(changed["mu"], first["mu"])
     assert_identical(changed, NumpyroPredictive(model, draws)(KEY, data))
+
+
+@pytest.mark.parametrize("cores", [1, 3])
+def test_lanes_on_every_core_give_numpyros_numbers(posteriors, monkeypatch, cores):
+    """The one-draw loop on a CPU streams its chunks from a thread per core (`lanes`): each
+    draw computed by the same program, so the numbers do not change; the predictions are
+    jax arrays on the draws' device, as numpyro's."""
+    monkeypatch.setattr(_resources, "cpu_cores", lambda: cores)
+    model, args = MODELS["hierarchical"]
+    draws = posteriors("hierarchical")[0]
+    predictive = Predictive(model, draws)
+    ours = predictive(KEY, *args)
+    assert predictive.plan.lanes == cores
+    assert predictive.plan.output_memory == ("host" if cores > 1 else "device")
+    assert all(isinstance(v, jax.Array) for v in ours.values())
+    assert_identical(ours, NumpyroPredictive(model, draws)(KEY, *args))
+    vectorised = Predictive(model, draws, exact=False)
+    vectorised(KEY, *args)
+    assert vectorised.plan.lanes == 1  # XLA runs a vectorised chunk on every core itself
 
 
 def test_outputs_are_reshaped_without_a_copy(posteriors):

@@ -13,6 +13,7 @@ from helpers import assert_intact, assert_same, out_of_memory, problem_of, refer
 
 import pymc_chunkpost as pc
 from pymc_chunkpost import _postprocess, _resources
+from pymc_chunkpost._config import current
 from pymc_chunkpost._problem import Placement
 
 
@@ -78,7 +79,7 @@ def test_host_memory_too_small_too_is_a_memory_error_naming_both(wide, monkeypat
         _resources.output_memory_for(_on(problem, small), "auto", small.free)
 
 
-def test_auto_never_chooses_host_on_a_cpu(wide):
+def test_auto_chooses_host_on_a_cpu_only_for_lanes(wide):
     """On a CPU the same budget still gives the clear `MemoryError` before any work; an
     explicit "host" works there."""
     model, jax_fn = wide
@@ -167,3 +168,54 @@ def test_out_of_memory_on_the_host_path_keeps_the_draws(wide, monkeypatch):
             jax_fn, raw, None, "chunked", True, chunk_size=4, output_memory="host"
         )
     assert_intact(raw, copies)
+
+
+# --- lanes: a serial problem's chunks streamed by several host threads ----------------------
+
+
+def _serial(problem, cores, monkeypatch):
+    monkeypatch.setattr(_resources, "cpu_cores", lambda: cores)
+    return dataclasses.replace(problem, serial=True)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 16])
+def test_lanes_one_per_core_for_a_serial_problem_on_a_cpu(wide, monkeypatch, cores):
+    model, jax_fn = wide
+    problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
+    assert _resources.lanes_for(problem)[0] == 1  # vectorised: XLA uses the cores itself
+    serial = _serial(problem, cores, monkeypatch)
+    lanes = min(cores, current().max_lanes)
+    assert _resources.lanes_for(serial)[0] == lanes
+    where, why = _resources.output_memory_for(serial, "auto", None)
+    assert where == ("host" if lanes > 1 else "device")
+    assert _resources.lanes_for(_on(serial, FakeGpu(2**40)))[0] == 1  # a CPU's only
+
+
+def test_lanes_stay_within_the_budget_with_the_outputs(wide, monkeypatch):
+    """Chosen on a CPU, host memory is the device's: the outputs count in the budget, and
+    a budget below them is the same `MemoryError` as without lanes."""
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+    monkeypatch.setattr(_resources, "cpu_cores", lambda: 3)
+    floor = problem_of(jax_fn, raw).output_bytes
+    with pytest.raises(MemoryError, match="memory budget"):
+        _postprocess.run(jax_fn, raw, None, "auto", memory_budget=floor // 2, serial=True)
+    budget = int(1.2 * floor)
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=budget, serial=True)
+    assert plan.lanes == 3 and plan.output_memory == "host"
+    assert floor < plan.peak_bytes <= budget
+    assert_same(outputs, reference(jax_fn, raw))
+    assert all(isinstance(x, jax.Array) for x in outputs)  # on the device, as not asked
+
+
+def test_lanes_outputs_are_placed_on_the_cpu_without_a_copy():
+    from pymc_chunkpost._host_output import aligned_empty
+
+    device = jax.devices("cpu")[0]
+    host = aligned_empty((3, 1000, 7), np.float32)
+    host[:] = 1.5
+    problem = dataclasses.replace(problem_of(lambda x: [x], [host]), placement=Placement(device))
+    (placed,) = _postprocess._from_host([host], problem, "auto")
+    assert isinstance(placed, jax.Array) and placed.unsafe_buffer_pointer() == host.ctypes.data
+    (kept,) = _postprocess._from_host([host], problem, "host")
+    assert kept is host
