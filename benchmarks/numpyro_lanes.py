@@ -54,11 +54,13 @@ def build(name: str):
         "regression": (m.regression, (jnp.asarray(rng.normal(size=(2_000, 50)), jnp.float32),)),
         "deterministic_sites": (m.deterministic_sites, (x,)),
     }[name]
-    prior = NumpyroPredictive(model, num_samples=DRAWS)(jax.random.PRNGKey(1), *args)
+    # One draw more than the posterior, so that the prior's programs (numpyro's key split
+    # among them) are not the ones a timed call of numpyro's would reuse.
+    prior = NumpyroPredictive(model, num_samples=DRAWS + 1)(jax.random.PRNGKey(1), *args)
     trace = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(*args)
     latent = {k for k, s in trace.items() if s["type"] == "sample" and not s["is_observed"]}
     latent -= {"y"}
-    return model, args, {k: v for k, v in prior.items() if k in latent}
+    return model, args, {k: v[:DRAWS] for k, v in prior.items() if k in latent}
 
 
 def child(name: str, method: str) -> dict:

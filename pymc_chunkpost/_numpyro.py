@@ -700,10 +700,12 @@ def _map(
     if not traced.names:  # numpyro returns an empty dict; nothing to run
         return {}, None
     lead = tuple(inputs[0].shape[:2])
-    # Each small constant as a value per draw: draws x its bytes (`SMALL_CONSTANT_BYTES`).
+    # Each small constant (and the seed the keys derive from) as a value per draw: draws x
+    # its bytes (`SMALL_CONSTANT_BYTES`).
+    constants = [*small, seed] if traced.key_at is not None else small
     per_draw_small = [
         _place_like(np.broadcast_to(np.asarray(c), lead + np.shape(c)), inputs[0])
-        for c in (*small, *([seed] if traced.key_at is not None else []))
+        for c in constants
     ]
     outputs, plan = _postprocess.run(
         traced.jax_fn,

@@ -79,9 +79,7 @@ def lanes_for(problem: Problem) -> tuple[int, str]:
     config = current()
     if not problem.serial or problem.device.platform != "cpu" or problem.n_shards != 1:
         return 1, "one lane"
-    if _compat.lapack_may_deadlock() and (
-        problem.jaxpr is None or uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES)
-    ):
+    if _lapack_may_deadlock(problem):
         return 1, "one lane: concurrent LAPACK kernels can deadlock in this jaxlib"
     lanes = min(cpu_cores(), config.max_lanes, problem.n_local)
     return max(lanes, 1), "XLA runs a loop of one-draw programs on one thread"
@@ -99,12 +97,8 @@ def serial_shards(problem: Problem) -> str | None:
     """
     if problem.n_local_shards < 2 or problem.device.platform != "cpu":
         return None
-    if not _compat.lapack_may_deadlock() or problem.jaxpr is None:
-        return None
     cpu_devices = _cpu_device_count()
-    if cpu_devices >= 2 * problem.n_local_shards:
-        return None
-    if not uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES):
+    if cpu_devices >= 2 * problem.n_local_shards or not _lapack_may_deadlock(problem):
         return None
     import jaxlib
 
@@ -112,6 +106,16 @@ def serial_shards(problem: Problem) -> str | None:
         f"{problem.n_local_shards} devices, one shard after another: jaxlib "
         f"{jaxlib.__version__} can deadlock when {problem.n_local_shards} of {cpu_devices} CPU "
         "devices run LAPACK kernels at once"
+    )
+
+
+def _lapack_may_deadlock(problem: Problem) -> bool:
+    """Whether this jaxlib can deadlock running `problem`'s LAPACK kernels concurrently: it
+    is one that can (`_compat.lapack_may_deadlock`), and the per-draw function calls one."""
+    return (
+        _compat.lapack_may_deadlock()
+        and problem.jaxpr is not None
+        and uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES)
     )
 
 
