@@ -43,7 +43,7 @@ from ._memory import free_bytes
 from ._messages import budget_text, mib, warn
 from ._problem import Problem, cpu_cores, is_out_of_memory
 from ._program import Request
-from ._resources import check_budget, lanes_for, output_memory_for
+from ._resources import check_budget, host_is_the_device, lanes_for, output_memory_for
 from ._tuner import CompileCandidate, Tuner
 from ._types import Loop, Origin, Plan
 
@@ -335,9 +335,7 @@ def first_attempt(
     if planned:
         where, why_host = output_memory_for(problem, output_memory, budget)
         if where == "host":
-            # Chosen on a CPU (lanes), the outputs take the budget they share with the work.
-            chosen = output_memory != "host" and problem.device.platform == "cpu"
-            held = problem.output_bytes if chosen else 0
+            held = problem.output_bytes if host_is_the_device(problem, output_memory) else 0
             return _host_output_attempt(call, chunk_size, why_host, held)
     check_budget(problem, budget)
     if not planned:

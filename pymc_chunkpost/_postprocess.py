@@ -255,7 +255,7 @@ def _from_host(outputs: list[Any], problem: Problem, output_memory: str) -> list
     """Outputs that landed in host memory, as asked: numpy arrays, except where the planner
     chose host memory on a CPU (lanes), the device's own memory: there `jax.Array`s on the
     device, placed without a copy (the lanes' host outputs are aligned for it)."""
-    if output_memory != "host" and problem.device.platform == "cpu":
+    if _resources.host_is_the_device(problem, output_memory):
         return [jax.device_put(x, problem.device) for x in outputs]
     return [np.asarray(x) for x in outputs]
 

@@ -21,6 +21,7 @@ from ._problem import Placement, Problem, cpu_cores, uses_primitives
 
 __all__ = [
     "check_budget",
+    "host_is_the_device",
     "lanes_for",
     "output_memory_for",
     "resolve_budget",
@@ -83,6 +84,13 @@ def lanes_for(problem: Problem) -> tuple[int, str]:
         return 1, "one lane: concurrent LAPACK kernels can deadlock in this jaxlib"
     lanes = min(cpu_cores(), config.max_lanes, problem.n_local)
     return max(lanes, 1), "XLA runs a loop of one-draw programs on one thread"
+
+
+def host_is_the_device(problem: Problem, request: str) -> bool:
+    """Whether outputs in host memory are the planner's choice on a CPU (lanes), not the
+    caller's: there host memory is the device's own, so the outputs count in its budget and
+    are returned as `jax.Array`s on the device."""
+    return request != "host" and problem.device.platform == "cpu"
 
 
 def serial_shards(problem: Problem) -> str | None:
