@@ -32,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import math
+import mmap
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -353,9 +354,19 @@ ALIGNMENT = 64
 
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
-    """`np.empty(shape, dtype)` whose data start at an `ALIGNMENT`-byte boundary."""
+    """An uninitialised array of `shape` and `dtype` whose data start at a page boundary (so
+    at an `ALIGNMENT`-byte one), in anonymous memory mapped for it alone.
+
+    Invariant: the memory takes the system's policy for transparent huge pages. numpy asks
+    huge pages of its own large arrays (`madvise(MADV_HUGEPAGE)`), and where the kernel
+    compacts memory to find them at the first touch (`defrag=madvise`), writing lanes'
+    predictions into a fresh numpy array ran 2x slower (docs/numpyro.md). The mapping is
+    freed with the last array that views it.
+    """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    offset = -raw.ctypes.data % ALIGNMENT
-    return raw[offset : offset + nbytes].view(dtype).reshape(tuple(shape))
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    memory = mmap.mmap(-1, max(nbytes, 1), **({"flags": private} if private else {}))
+    raw = np.frombuffer(memory, np.uint8, count=nbytes)
+    assert raw.ctypes.data % ALIGNMENT == 0  # mmap returns whole pages
+    return raw.view(dtype).reshape(tuple(shape))

@@ -50,7 +50,7 @@ from jax import lax, random
 from jax.extend.core import Literal
 from jax.sharding import NamedSharding, PartitionSpec
 from numpyro import handlers
-from numpyro.infer import Predictive as _NumpyroPredictive
+from numpyro.infer.util import Predictive as _NumpyroPredictive
 from numpyro.infer.util import log_likelihood as _numpyro_log_likelihood
 
 from . import _postprocess

@@ -4,12 +4,14 @@ them by numpyro's names (ArviZ's `from_numpyro`, which computes the log-likeliho
 `is_patched`.
 
 Invariant: only the public spellings in `TARGETS` are replaced, and only where they are
-numpyro's own objects (or this patch's); `unpatch` puts numpyro's very objects back where
-this patch's still stand, so another library's replacement is never overwritten. numpyro's
-modules that bound the names for themselves at import (`numpyro.infer.autoguide`,
-`numpyro.infer.calibration`) keep numpyro's. The route's fallbacks (`_numpyro._fallback`)
-call numpyro's functions bound at import, never the patched names, so a routed call cannot
-come back to itself.
+numpyro's own objects (bound from `numpyro.infer.util`, where numpyro defines them) or a routed
+object of this module's (marked `ROUTED`); `unpatch` puts numpyro's own objects back where
+routed ones stand, so another library's replacement is never overwritten. Modules that bound
+the names for themselves keep what they bound: numpyro's (`numpyro.infer.autoguide`,
+`numpyro.infer.calibration`), or, if bound while patched, the routed object with that patch's
+options. The route's fallbacks (`_numpyro._fallback`) call numpyro's objects bound at import,
+never the patched names, so a routed call cannot come back to itself. The patch is
+process-wide: `patched` blocks nest in one thread, not across threads.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from . import _numpyro
 
-__all__ = ["TARGETS", "is_patched", "patch", "patched", "unpatch"]
+__all__ = ["ROUTED", "TARGETS", "is_patched", "patch", "patched", "unpatch"]
 
 #: Where numpyro exposes the two functions, as (module, attribute).
 TARGETS: tuple[tuple[str, str], ...] = (
@@ -34,8 +36,10 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("numpyro.infer.util", "log_likelihood"),
 )
 
+#: The attribute that marks a routed object (its value: the options it was made with).
+ROUTED = "_pymc_chunkpost_routed"
+
 _lock = threading.Lock()
-_installed: dict[tuple[str, str], Any] = {}  # our object at each target, while patched
 _options: dict[str, Any] | None = None  # the options of the patch in effect, else None
 
 
@@ -51,8 +55,9 @@ def patch(**options: Any) -> None:
     Args:
         **options: our options for every routed call, as `Predictive` takes them:
             `postprocessing_vectorize`, `chunk_size`, `memory_budget`, `output_memory`,
-            `progressbar`, `exact`. A call that passes one itself overrides it. Calling
-            `patch` again replaces the options.
+            `progressbar`, `exact`. A call that passes one itself overrides it, so a model
+            keyword argument of one of these names is taken as the option (ArviZ passes the
+            model's keywords through). Calling `patch` again replaces the options.
 
     Raises:
         ValueError: an unknown or bad option, before anything is patched.
@@ -68,20 +73,18 @@ def patch(**options: Any) -> None:
         for module_name, name in TARGETS:
             module = importlib.import_module(module_name)
             current = vars(module).get(name)
-            if current is _numpyro_own(name) or current is _installed.get((module_name, name)):
-                _installed[(module_name, name)] = routed[name]
+            if current is _numpyro_own(name) or hasattr(current, ROUTED):
                 setattr(module, name, routed[name])
 
 
 def unpatch() -> None:
-    """Put numpyro's own objects back where `patch`'s still stand; nothing if not patched."""
+    """Put numpyro's own objects back where routed ones stand; nothing if not patched."""
     global _options
     with _lock:
-        for (module_name, name), ours in _installed.items():
+        for module_name, name in TARGETS:
             module = importlib.import_module(module_name)
-            if vars(module).get(name) is ours:
+            if hasattr(vars(module).get(name), ROUTED):
                 setattr(module, name, _numpyro_own(name))
-        _installed.clear()
         _options = None
 
 
@@ -94,6 +97,9 @@ def is_patched() -> bool:
 def patched(**options: Any) -> Iterator[None]:
     """`patch(**options)` for the body of a `with` block; on exit, even when the body raises,
     numpyro is as it was on entry (unpatched, or patched with the options it had).
+
+    Process-wide, as `patch` is: blocks nest in one thread; blocks in several threads at once
+    leave numpyro as the last one to exit found it.
 
     Raises:
         ValueError: as `patch`, before the body runs.
@@ -142,6 +148,7 @@ def _routed_predictive(options: dict[str, Any]) -> type:
         def __init__(self, model: Callable, posterior_samples: Any = None, **kwargs: Any):
             super().__init__(model, posterior_samples, **{**options, **kwargs})
 
+    setattr(Predictive, ROUTED, dict(options))
     return Predictive
 
 
@@ -156,4 +163,5 @@ def _routed_log_likelihood(options: dict[str, Any]) -> Callable:
         "numpyro's `log_likelihood`, routed by `pymc_chunkpost.numpyro.patch` to "
         "`pymc_chunkpost.numpyro.log_likelihood`.\n\n" + (_numpyro.log_likelihood.__doc__ or "")
     )
+    setattr(log_likelihood, ROUTED, dict(options))
     return log_likelihood

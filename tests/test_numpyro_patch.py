@@ -162,6 +162,27 @@ def test_someone_elses_replacement_is_left_alone(monkeypatch):
     assert numpyro.infer.util.Predictive is OWN["Predictive"]
 
 
+def test_a_routed_object_left_behind_is_recognised_as_ours():
+    """A routed object put back after `unpatch` (a monkeypatch teardown, a module that bound
+    the name while patched and hands it on) is replaced by `patch` and removed by
+    `unpatch`, as the patch's own."""
+    ours.patch(chunk_size=5)
+    stale = numpyro.infer.log_likelihood
+    ours.unpatch()
+    numpyro.infer.log_likelihood = stale
+    try:
+        assert not ours.is_patched()
+        ours.unpatch()  # not patched, yet a routed object stands: numpyro's goes back
+        assert numpyro.infer.log_likelihood is OWN["log_likelihood"]
+        numpyro.infer.log_likelihood = stale
+        ours.patch(chunk_size=7)
+        assert numpyro.infer.log_likelihood is numpyro.infer.util.log_likelihood
+        assert numpyro.infer.log_likelihood is not stale
+    finally:
+        ours.unpatch()
+    assert numpyro.infer.log_likelihood is OWN["log_likelihood"]
+
+
 def _log_likelihood_group(idata) -> dict:
     """The log-likelihood group of ArviZ 0.x's InferenceData or ArviZ 1's DataTree."""
     group = idata["log_likelihood"]
