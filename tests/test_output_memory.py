@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -219,3 +220,35 @@ def test_lanes_outputs_are_placed_on_the_cpu_without_a_copy():
     assert isinstance(placed, jax.Array) and placed.unsafe_buffer_pointer() == host.ctypes.data
     (kept,) = _postprocess._from_host([host], problem, "host")
     assert kept is host
+
+
+def _advised_huge_pages(array: np.ndarray) -> bool:
+    """Whether the mapping that holds the middle of `array`'s data was advised for huge pages
+    (the `hg` flag of its `VmFlags` in /proc/self/smaps; numpy advises from the first page
+    boundary inside its array, so the first bytes may lie in another mapping)."""
+    address, flags, inside = array.ctypes.data + array.nbytes // 2, None, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:  # a mapping's first line: start-end ...
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif head == "VmFlags:" and inside:
+                flags = line.split()[1:]
+                break
+    assert flags is not None, "no mapping holds the array"
+    return "hg" in flags
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_lanes_outputs_are_not_advised_for_huge_pages():
+    """numpy advises its large arrays for huge pages, and where the kernel compacts memory
+    to find them at first touch, lanes wrote their predictions 2x slower (docs/numpyro.md).
+    The lanes' outputs take the system's policy instead."""
+    from pymc_chunkpost._host_output import aligned_empty
+
+    size = 64 * 2**20
+    numpy_array = np.empty(size, np.uint8)
+    if not _advised_huge_pages(numpy_array):
+        pytest.skip("this numpy does not advise huge pages: nothing to compare with")
+    assert not _advised_huge_pages(aligned_empty((size,), np.uint8))
