@@ -30,6 +30,7 @@ def _user_stacklevel() -> int:
     return level
 
 
-def warn(message: str) -> None:
-    """A `RuntimeWarning` pointed at the user's own call."""
-    warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
+def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """A warning (default `RuntimeWarning`) pointed at the user's own call, however many of
+    this package's frames (a routed subclass, a patch's wrapper) stand between."""
+    warnings.warn(message, category, stacklevel=_user_stacklevel())

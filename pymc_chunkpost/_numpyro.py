@@ -56,6 +56,7 @@ from numpyro.infer.util import log_likelihood as _numpyro_log_likelihood
 from . import _postprocess
 from ._cache import FunctionCache
 from ._compat import split_key_at, splits_key_at
+from ._messages import warn
 from ._options import check_options
 from ._types import Plan
 
@@ -223,10 +224,9 @@ class Predictive:
     @property
     def exclude_deterministic(self) -> bool:
         """numpyro's deprecated alias of `not condition_deterministic`."""
-        warnings.warn(
+        warn(
             "`exclude_deterministic` is deprecated, use `condition_deterministic` instead.",
             FutureWarning,
-            stacklevel=2,
         )
         return not self.condition_deterministic
 
@@ -380,11 +380,12 @@ def log_likelihood(
                 **kwargs,
             ),
         )
-    names = list(posterior_samples)
-    draws = [_as_chains_draws(posterior_samples[n], batch_shape) for n in names]
+    leaves, tree = jax.tree_util.tree_flatten(posterior_samples)
+    draws = [_as_chains_draws(x, batch_shape) for x in leaves]
 
     def per_draw(*values: Any) -> dict[str, Any]:
-        return _log_likelihood_draw(model, dict(zip(names, values)), args, kwargs)
+        samples = jax.tree_util.tree_unflatten(tree, values)
+        return _log_likelihood_draw(model, samples, args, kwargs)
 
     return _map(model, per_draw, draws, batch_shape, options, "Log-likelihood")[0]
 
@@ -404,8 +405,8 @@ def _predict(
 ) -> tuple[dict[str, Any], Plan | None]:
     """numpyro's `_predictive`: `posterior` (or no draws: the prior) through `model`, each
     draw with numpyro's key for it, over `batch_shape`. `owner` keys the cache."""
-    names = list(posterior)
-    draws = [_as_chains_draws(posterior[n], batch_shape) for n in names]
+    leaves, tree = jax.tree_util.tree_flatten(posterior)
+    draws = [_as_chains_draws(x, batch_shape) for x in leaves]
     key_data = jnp.asarray(jax.random.key_data(rng_key) if _is_key(rng_key) else rng_key)
     # Each draw's key from the draw's index, in the draw's own program (no split program to
     # compile); where this jax splits otherwise, numpyro's split into a key per draw.
@@ -419,7 +420,7 @@ def _predict(
 
     def per_draw(*values: Any) -> dict[str, Any]:
         *draw, key = values
-        samples = dict(zip(names, draw))
+        samples = jax.tree_util.tree_unflatten(tree, draw)
         return _predict_draw(
             model, key, samples, return_sites, condition_deterministic, args, kwargs
         )
@@ -580,20 +581,22 @@ def _condition_deterministic(condition: bool | None, exclude: bool | None) -> bo
             "Only one of `condition_deterministic` or the deprecated `exclude_deterministic` "
             "can be provided, not both."
         )
-    warnings.warn(
+    warn(
         "`exclude_deterministic` is deprecated, use `condition_deterministic` instead "
         "(`exclude_deterministic=True` corresponds to `condition_deterministic=False`).",
         FutureWarning,
-        stacklevel=3,
     )
     return not exclude
 
 
 def _batch_shape(posterior_samples: Any, batch_ndims: int) -> tuple[int, ...] | None:
-    """The draws' common batch shape, None without draws. Checks every draw array.
+    """The draws' common batch shape, None without draws. Checks every draw array: each
+    site's value is a pytree (a `param` site holding a dict, a flow guide's `$params`), and
+    each of its leaves has the batch axes.
 
     Raises:
-        ValueError: not a dict of arrays, too few axes, batch shapes that differ, no draws.
+        ValueError: not a dict of pytrees of arrays, too few axes, batch shapes that differ,
+            no draws.
     """
     if not isinstance(posterior_samples, dict):
         raise ValueError(
@@ -602,8 +605,12 @@ def _batch_shape(posterior_samples: Any, batch_ndims: int) -> tuple[int, ...] | 
         )
     shape: tuple[int, ...] | None = None
     first = None
-    for name, value in posterior_samples.items():
-        where = f"`posterior_samples[{name!r}]`"
+    leaves = (
+        (name, f"`posterior_samples[{name!r}]{jax.tree_util.keystr(path)}`", value)
+        for name, site in posterior_samples.items()
+        for path, value in jax.tree_util.tree_flatten_with_path(site)[0]
+    )
+    for name, where, value in leaves:
         if not isinstance(name, str):
             raise ValueError(f"{where}: site names must be strings.")
         if isinstance(value, jax.Array) and value.is_deleted():
@@ -618,10 +625,10 @@ def _batch_shape(posterior_samples: Any, batch_ndims: int) -> tuple[int, ...] | 
         batch = tuple(value.shape[:batch_ndims])
         if shape is not None and batch != shape:
             raise ValueError(
-                f"Batch shapes at site {name!r} and {first!r} should be the same, but got "
+                f"Batch shapes at {where} and {first} should be the same, but got "
                 f"{batch} and {shape} (`posterior_samples` with batch_ndims={batch_ndims})."
             )
-        shape, first = batch, name
+        shape, first = batch, where
     if shape is not None and 0 in shape:
         raise ValueError(f"`posterior_samples` has no draws: batch shape {shape}.")
     return shape
@@ -635,11 +642,10 @@ def _predictive_batch(
     if shape is not None:
         size = int(np.prod(shape))
         if num_samples is not None and num_samples != size:
-            warnings.warn(
+            warn(
                 f"Sample's batch dimension size {size} is different from the provided "
                 f"{num_samples} num_samples argument. Defaulting to {size}.",
                 UserWarning,
-                stacklevel=3,
             )
         return shape, size
     if num_samples is None:
@@ -662,16 +668,17 @@ class _Traced:
 
     Attributes:
         jax_fn: the engine's per-draw function, of the inputs at `used`.
-        names: the output sites, in the order of `jax_fn`'s outputs (sorted, as jax
-            flattens numpyro's dict of results).
+        out_tree: the structure of one draw's dict of results; `jax_fn`'s outputs are its
+            leaves, in jax's order (a site's value may be a pytree: a `param` site holding
+            a dict, a flow guide's `$params`).
         used: indices of the inputs the program reads (at least one: the engine maps inputs).
-        forwarded: per output, whether it is an input passed through.
+        forwarded: per output leaf, whether it is an input passed through.
         key_at: where `jax_fn` takes each draw's index, from which it derives the draw's key
             (its last input is then the seed's key data); None: no key to derive.
     """
 
     jax_fn: Callable
-    names: tuple[str, ...]
+    out_tree: Any
     used: tuple[int, ...]
     forwarded: tuple[bool, ...]
     key_at: int | None = None
@@ -697,8 +704,8 @@ def _map(
     if seed is not None:
         specs[-1] = jax.ShapeDtypeStruct(seed.shape, seed.dtype)
     traced, small = _trace(owner, per_draw, specs, options.exact, seed is not None)
-    if not traced.names:  # numpyro returns an empty dict; nothing to run
-        return {}, None
+    if not traced.forwarded:  # no output leaves (numpyro's empty dict): nothing to run
+        return jax.tree_util.tree_unflatten(traced.out_tree, []), None
     lead = tuple(inputs[0].shape[:2])
     # Each small constant (and the seed the keys derive from) as a value per draw: draws x
     # its bytes (`SMALL_CONSTANT_BYTES`).
@@ -720,11 +727,8 @@ def _map(
         progress_label=label,
         serial=options.exact,
     )
-    result = {
-        name: _unbatch(y, batch_shape, forwarded)
-        for name, y, forwarded in zip(traced.names, outputs, traced.forwarded)
-    }
-    return result, plan
+    leaves = [_unbatch(y, batch_shape, f) for y, f in zip(outputs, traced.forwarded)]
+    return jax.tree_util.tree_unflatten(traced.out_tree, leaves), plan
 
 
 def _trace(
@@ -749,7 +753,7 @@ def _trace(
     of `(a * b) * broadcast(c)` round apart from numpyro's (docs/numpyro.md).
     """
     closed, out_shape = jax.make_jaxpr(per_draw, return_shape=True)(*specs)
-    names = tuple(sorted(out_shape))
+    out_tree = jax.tree_util.tree_structure(out_shape)
     jaxpr = closed.jaxpr
     read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, Literal)}
     read |= {id(v) for v in jaxpr.outvars if not isinstance(v, Literal)}
@@ -760,7 +764,7 @@ def _trace(
     small = tuple(i for i, c in enumerate(consts) if _is_small(c))
     data = tuple(_fingerprint(c) for i, c in enumerate(consts) if i not in small)
     key_at = used.index(len(specs) - 1) if keyed and len(specs) - 1 in used else None
-    key = (str(jaxpr), names, used, small, data, exact, key_at)
+    key = (str(jaxpr), out_tree, used, small, data, exact, key_at)
     owner = getattr(owner, "__func__", owner)  # a bound method: its function lives on
     traced = _FUNCTIONS.get(owner, key)
     if traced is None:
@@ -769,7 +773,7 @@ def _trace(
             jax_fn = _one_draw_at_a_time(jax_fn, len(small))
         if key_at is not None:
             jax_fn = _keys_from_indices(jax_fn, key_at)
-        traced = _Traced(jax_fn, names, used, forwarded, key_at)
+        traced = _Traced(jax_fn, out_tree, used, forwarded, key_at)
         _FUNCTIONS.put(owner, key, traced)
     return traced, [consts[i] for i in small]
 

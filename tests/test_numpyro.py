@@ -406,9 +406,12 @@ def test_bad_draws_and_keys_raise_naming_the_argument(posteriors):
     draws = posteriors("deterministic_sites")[0]
     before = {k: np.asarray(v).copy() for k, v in draws.items()}
     uneven = dict(draws, b=draws["b"][:5])
-    with pytest.raises(ValueError, match="Batch shapes at site 'b' and 'a'"):
+    with pytest.raises(
+        ValueError,
+        match=r"Batch shapes at `posterior_samples\['b'\]` and `posterior_samples\['a'\]`",
+    ):
         Predictive(model, uneven)
-    with pytest.raises(ValueError, match=r"`posterior_samples\['a'\]` must be an array"):
+    with pytest.raises(ValueError, match=r"`posterior_samples\['a'\]\[0\]` must be an array"):
         Predictive(model, {"a": [1.0, 2.0]})
     with pytest.raises(ValueError, match="`exact` must be True or False"):
         log_likelihood(model, draws, *args, exact=None)

@@ -211,3 +211,21 @@ def test_arviz_from_numpyro_log_likelihood_runs_on_the_engine(engine_calls):
     assert set(routed) == set(reference) == {"y"}
     assert routed["y"].shape == reference["y"].shape == (2, 40, 8)
     np.testing.assert_array_equal(routed["y"], reference["y"])
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_numpyros_warnings_point_at_the_callers_line(routed):
+    """The deprecation and batch-size warnings name this file, the caller's, whether the
+    class is ours directly or routed through numpyro's name (one more frame of ours)."""
+    model, _, draws, _ = _prior("hierarchical")
+    if routed:
+        ours.patch()
+    predictive = numpyro.infer.Predictive if routed else ours.Predictive
+    with pytest.warns(FutureWarning, match="exclude_deterministic") as record:
+        predictive(model, draws, exclude_deterministic=True)
+    with pytest.warns(UserWarning, match="num_samples") as more:
+        p = predictive(model, draws, num_samples=3)
+    with pytest.warns(FutureWarning, match="exclude_deterministic") as read:
+        p.exclude_deterministic  # noqa: B018
+    for warning in [*record, *more, *read]:
+        assert warning.filename == __file__, warning.filename
