@@ -89,6 +89,15 @@ class PlannerConfig:
         host_output_chunk_fraction: with outputs in host memory, an accelerator's chunk takes
             this fraction of the device budget: two chunks in flight, one chunk's
             temporaries, the autotuner.
+        host_staging_bytes: with outputs in host memory, the chunks in flight to them (an
+            accelerator's pinned copies and their landing, a CPU's chunk buffers: three
+            chunks' outputs per lane) take at most this much host memory beside the outputs,
+            so that the host's peak is the outputs plus this, not plus two device-sized
+            chunks (on a 16 GiB TPU, 2 x 4 GiB). Chunks this size still move at the copy's
+            full rate.
+        host_margin_bytes: host memory kept free beyond the outputs and the staging: the
+            process's other allocations while it runs (compiles, Python, the caller's
+            arrays). A call that cannot keep it raises `MemoryError` before any work.
 
     The online tuner:
         tune_min_seconds: other chunk sizes are tried only when at least this much work is
@@ -162,6 +171,8 @@ class PlannerConfig:
     host_zeros_max_bytes: int = 48 * MiB
     flatten_min_gathered_bytes: int = 8 * MiB
     host_output_chunk_fraction: float = 0.25
+    host_staging_bytes: int = 512 * MiB
+    host_margin_bytes: int = 256 * MiB
     tune_min_seconds: float = 3.0
     tune_chunks: int = 2
     tune_window_seconds: float = 0.05
@@ -206,6 +217,8 @@ EVIDENCE: dict[str, str] = {
     "host_zeros_max_bytes": f"{_STRATEGIES}#host-zeros",
     "flatten_min_gathered_bytes": f"{_STRATEGIES}#flattened-vmap",
     "host_output_chunk_fraction": "docs/memory.md#outputs-in-host-memory-output_memory",
+    "host_staging_bytes": "docs/memory.md#the-host-memory-budget",
+    "host_margin_bytes": "docs/memory.md#the-host-memory-budget",
     "tune_min_seconds": f"{_STRATEGIES}#tuning-threshold",
     "tune_chunks": f"{_STRATEGIES}#tuning-windows",
     "tune_window_seconds": f"{_STRATEGIES}#tuning-windows",

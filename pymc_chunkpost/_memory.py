@@ -11,7 +11,12 @@ from typing import Literal
 
 import jax
 
-__all__ = ["configure_memory", "free_bytes", "resolve_device"]
+__all__ = ["HOST_BUDGET_ENV", "configure_memory", "free_bytes", "host_free_bytes", "resolve_device"]
+
+#: Bytes of host memory that this package's calls may take (outputs in host memory, their
+#: staging, a CPU's whole work); unset: what the host has available. Read at each call, so
+#: it may change between calls (`configure_memory(host_budget=...)` sets it).
+HOST_BUDGET_ENV = "PYMC_CHUNKPOST_HOST_MEMORY_BUDGET"
 
 _ENV = {
     "preallocate": "XLA_PYTHON_CLIENT_PREALLOCATE",
@@ -85,6 +90,41 @@ def free_bytes(device: jax.Device) -> int | None:
 
 
 def host_free_bytes() -> int:
+    """Host memory this process may still take, in bytes: the operating system's available
+    RAM (`MemAvailable`), capped by a cgroup's limit less its usage where one is set, and by
+    `HOST_BUDGET_ENV` where that is set (docs/memory.md#the-host-memory-budget).
+
+    Raises:
+        ValueError: `HOST_BUDGET_ENV` is set to something other than a positive number of
+            bytes (read before any work).
+    """
+    available = _host_available_bytes()
+    budget = host_budget_setting()
+    return available if budget is None else min(available, budget)
+
+
+def host_budget_setting() -> int | None:
+    """The user's host budget (`HOST_BUDGET_ENV`), in bytes; None where unset.
+
+    Raises:
+        ValueError: it is not a positive number of bytes.
+    """
+    raw = os.environ.get(HOST_BUDGET_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 1:
+        raise ValueError(
+            f"{HOST_BUDGET_ENV}={raw!r} must be a positive number of bytes, such as "
+            f"{8 * 2**30} for 8 GiB. Unset it to use the host's available memory."
+        )
+    return int(value)
+
+
+def _host_available_bytes() -> int:
     available = None
     try:
         with open("/proc/meminfo") as f:
@@ -139,8 +179,13 @@ def configure_memory(
     preallocate: bool | None = None,
     mem_fraction: float | None = None,
     allocator: Literal["default", "platform", "bfc", "cuda_async"] | None = None,
+    *,
+    host_budget: float | None = None,
 ) -> dict[str, str]:
-    """Set XLA's GPU client memory settings. Call it before JAX initialises a backend.
+    """Set XLA's GPU client memory settings, and the host memory budget of this package.
+
+    XLA reads its settings when it initialises a backend: call this before the first JAX
+    computation for them. The host budget is read at each call, and may be set at any time.
 
     - `preallocate=False` (`XLA_PYTHON_CLIENT_PREALLOCATE=false`): grow the pool on demand
       instead of taking `mem_fraction` of the GPU at start. Helps when several processes share
@@ -151,11 +196,17 @@ def configure_memory(
       needs the room; the planner reads the pool that results.
     - `allocator="platform"` (`XLA_PYTHON_CLIENT_ALLOCATOR`): allocate exactly what is asked
       and free it at once. Slow; for debugging out-of-memory errors only.
+    - `host_budget` (`PYMC_CHUNKPOST_HOST_MEMORY_BUDGET`, bytes): the host memory our calls
+      may take: outputs landed in host memory and the chunks in flight to them, and on a
+      CPU everything. By default the host's available memory (cgroup limits included). A
+      call that cannot fit raises `MemoryError` before any work; a smaller budget costs
+      smaller transfer chunks (more of them), not speed, down to a few MiB per chunk.
 
     Args:
         preallocate: whether to preallocate the pool; None leaves the setting as it is.
         mem_fraction: the pool's share of GPU memory; None leaves it as it is.
         allocator: one of "default", "platform", "bfc", "cuda_async"; None leaves it.
+        host_budget: bytes of host memory for our calls; None leaves it as it is.
 
     Returns:
         The environment variables set, name to value.
@@ -183,12 +234,24 @@ def configure_memory(
         if allocator not in _ALLOCATORS:
             raise ValueError(f"`allocator` must be one of {_ALLOCATORS}, got {allocator!r}.")
         settings[_ENV["allocator"]] = allocator
-    if settings and _backend_initialised():
+    xla_settings = set(settings)
+    if host_budget is not None:
+        if (
+            isinstance(host_budget, bool)
+            or not isinstance(host_budget, int | float)
+            or not host_budget >= 1
+        ):
+            raise ValueError(
+                f"`host_budget` must be a positive number of bytes or None, got "
+                f"{host_budget!r}. For example 8 * 2**30 for 8 GiB."
+            )
+        settings[HOST_BUDGET_ENV] = str(int(host_budget))
+    if xla_settings and _backend_initialised():
         warnings.warn(
             "A JAX backend is already initialised, so XLA memory settings cannot take effect "
             "in this process any more. Call `configure_memory` before the first JAX "
             "computation (before sampling), or set the environment variables "
-            f"{sorted(settings)} before starting Python.",
+            f"{sorted(xla_settings)} before starting Python.",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -43,7 +43,16 @@ from ._memory import free_bytes
 from ._messages import budget_text, mib, warn
 from ._problem import Problem, cpu_cores, is_out_of_memory
 from ._program import Request
-from ._resources import check_budget, host_is_the_device, lanes_for, output_memory_for
+from ._resources import (
+    STAGED_CHUNKS,
+    check_budget,
+    check_host,
+    host_fits,
+    host_is_the_device,
+    host_staging_room,
+    lanes_for,
+    output_memory_for,
+)
 from ._tuner import CompileCandidate, Tuner
 from ._types import Loop, Origin, Plan
 
@@ -88,11 +97,25 @@ def _host_output_attempt(
 ) -> Attempt:
     """Chunks computed on the device and landed in host memory: the device holds the draws,
     two chunks' outputs and one chunk's temporaries per lane (`_host_output`); `held`: bytes
-    of the budget that the outputs take (a CPU's lanes, whose host memory is the device's)."""
+    of the budget that the outputs take (a CPU's lanes, whose host memory is the device's).
+
+    Two memories bound the chunk: the device's budget bounds every lane's compiled chunk
+    (beside `held`), and host memory bounds the outputs with the chunks in flight to them:
+    on an accelerator `STAGED_CHUNKS` per lane within `host_staging_room`; on a CPU, where
+    the device's memory is the host's, every lane's compiled chunk. Where host memory cannot
+    hold the outputs, `MemoryError` before any work."""
     problem, budget = call.problem, call.budget
     n = problem.n_local
     per_item = problem.per_item_bytes + problem.intermediate_bytes
     lanes, _ = lanes_for(problem)
+    cpu = problem.device.platform == "cpu"
+    if held:
+        check_budget(problem, budget)
+    else:
+        check_host(problem, lanes)
+    per_draw_out = -(-problem.output_bytes // max(problem.n_items, 1))
+    staged = STAGED_CHUNKS * lanes * max(per_draw_out, 1)
+    host_most = n if cpu else max(1, host_staging_room(problem) // staged)
     if chunk_size is not None:
         size, why, source = min(chunk_size, n), "as requested", "requested"
     elif problem.device.platform == "cpu":
@@ -108,18 +131,30 @@ def _host_output_attempt(
             chunk_bytes = int(budget * current().host_output_chunk_fraction)
             size = max(1, min(n, chunk_bytes // max(per_item, 1)))
         why, source = "a quarter of the device budget per chunk", "rule"
+    if size > host_most:
+        size, why = host_most, f"the chunks in flight to the host within {mib(host_most * staged)}"
     while True:
         request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
         exe = _compile(call.jax_fn, problem, request)
-        if exe is not None and held + exe.peak_bytes <= call.limit:
+        # Every lane's chunk is alive at once (the draws they read, once); on a CPU, in the
+        # memory the outputs take.
+        peak = None
+        if exe is not None:
+            per_lane = max(exe.peak_bytes - problem.input_bytes // problem.n_shards, 0)
+            peak = held + exe.peak_bytes + (lanes - 1) * per_lane
+        if (
+            exe is not None
+            and peak is not None
+            and peak <= call.limit
+            and (not cpu or held or host_fits(problem, peak))
+        ):
             streams = f" by {lanes} lanes" if lanes > 1 else ""
             reason = (
                 f"Chunks of {size} draws ({why}), each landed in host memory ({why_host})"
-                f"{streams}: {mib(held + exe.peak_bytes)} on the device, within "
-                f"{budget_text(budget)}."
+                f"{streams}: {mib(peak)} on the device, within {budget_text(budget)}."
             )
             plan = call.plan(exe, "chunked", reason, source)
-            return Attempt(dataclasses.replace(plan, peak_bytes=held + exe.peak_bytes), exe)
+            return Attempt(dataclasses.replace(plan, peak_bytes=peak), exe)
         if size == 1:
             raise MemoryError(
                 "Even one draw at a time does not fit the device's memory with the outputs "

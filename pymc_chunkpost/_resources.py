@@ -15,12 +15,16 @@ from jax.sharding import Mesh
 from . import _compat
 from ._config import current
 from ._host_output import host_memory_kind
-from ._memory import free_bytes, host_free_bytes
+from ._memory import HOST_BUDGET_ENV, free_bytes, host_budget_setting, host_free_bytes
 from ._messages import budget_text, mib, warn
 from ._problem import Placement, Problem, cpu_cores, uses_primitives
 
 __all__ = [
+    "STAGED_CHUNKS",
     "check_budget",
+    "check_host",
+    "host_fits",
+    "host_staging_room",
     "host_is_the_device",
     "lanes_for",
     "output_memory_for",
@@ -30,16 +34,79 @@ __all__ = [
 ]
 
 
+#: Chunks' outputs in host memory per lane while outputs stream to the host: on an
+#: accelerator, chunk `k` in pinned memory being landed, chunk `k + 1`'s pinned copy in
+#: flight, and a landing copy where the runtime's numpy view of pinned memory is a copy.
+STAGED_CHUNKS = 3
+
+
 def check_budget(problem: Problem, budget: int | None) -> None:
     """Raise `MemoryError` if `budget` cannot even hold the outputs (None: no known limit)."""
     per_device = problem.output_bytes // problem.n_shards
     if budget is not None and per_device > budget:
+        where = (
+            _host_budget_words() if problem.device.platform == "cpu" else "raise `memory_budget`"
+        )
         raise MemoryError(
             f"Post-processing needs at least {mib(per_device)} per device for its outputs "
             f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
-            f"{mib(budget)}. Free memory, raise `memory_budget`, post-process fewer variables "
+            f"{mib(budget)}. Free memory, {where}, post-process fewer variables "
             "(`var_names`), or thin the draws. Nothing was run; the draws are untouched."
         )
+
+
+def host_staging_room(problem: Problem) -> int:
+    """Bytes of host memory that the chunks in flight to outputs in host memory may take:
+    `host_staging_bytes`, or less where the host has less beside the outputs and
+    `host_margin_bytes` (negative: not even that)."""
+    config = current()
+    room = host_free_bytes() - problem.output_bytes - config.host_margin_bytes
+    return min(config.host_staging_bytes, room)
+
+
+def check_host(problem: Problem, lanes: int = 1) -> None:
+    """Raise `MemoryError`, before any work, where host memory cannot hold the outputs with
+    one draw's staging per lane and `host_margin_bytes` (the outputs of an accelerator,
+    landed in host memory chunk by chunk)."""
+    one_draw = STAGED_CHUNKS * lanes * _output_bytes_per_draw(problem)
+    if host_staging_room(problem) >= one_draw:
+        return
+    host = host_free_bytes()
+    needed = problem.output_bytes + one_draw + current().host_margin_bytes
+    raise MemoryError(
+        f"The outputs need {mib(problem.output_bytes)} of host memory ({problem.chains} "
+        f"chains x {problem.draws} draws; {mib(needed)} with the chunks in flight and a "
+        f"margin), but host memory has {mib(host)} for them ({_host_budget_source()}). "
+        f"Post-process fewer variables (`var_names`), thin the draws, or {_host_budget_words()}. "
+        "Nothing was run; the draws are untouched."
+    )
+
+
+def host_fits(problem: Problem, staging: int) -> bool:
+    """Whether host memory holds the outputs, `staging` bytes beside them (a CPU's chunks
+    in flight, which live in the same memory) and `host_margin_bytes`."""
+    needed = problem.output_bytes + staging + current().host_margin_bytes
+    return needed <= host_free_bytes()
+
+
+def _output_bytes_per_draw(problem: Problem) -> int:
+    return -(-problem.output_bytes // max(problem.n_items, 1))
+
+
+def _host_budget_source() -> str:
+    budget = host_budget_setting()
+    if budget is None:
+        return "the host's available memory"
+    return f"the host budget of {mib(budget)}, {HOST_BUDGET_ENV}"
+
+
+def _host_budget_words() -> str:
+    if host_budget_setting() is None:
+        return "free host memory"
+    return (
+        "raise the host budget (`pymc_chunkpost.configure_memory(host_budget=...)`, "
+        f"{HOST_BUDGET_ENV})"
+    )
 
 
 def resolve_budget(problem: Problem, memory_budget: float | None) -> int | None:
@@ -202,6 +269,8 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
                 )
                 + ". Pass `output_memory='device'` (or 'auto'). Nothing was run."
             )
+        if device.platform != "cpu":
+            check_host(problem)
         return "host", "as requested"
     room = per_device + problem.per_item_bytes + problem.intermediate_bytes
     fits = budget is None or room <= budget
@@ -212,15 +281,8 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
         return "device", "they fit the device's budget"
     if device.platform == "cpu" or not can_stream:
         return "device", "no host memory to stream to"  # check_budget raises what is short
-    host = host_free_bytes()
-    if problem.output_bytes > host:
-        raise MemoryError(
-            f"The outputs need {mib(problem.output_bytes)}: more than {device} can give "
-            f"({budget_text(budget)}) and more than host memory has free ({mib(host)}). "
-            "Post-process fewer variables (`var_names`), or thin the draws. Nothing was run; "
-            "the draws are untouched."
-        )
+    check_host(problem)
     return "host", (
         f"the outputs ({mib(problem.output_bytes)}) exceed {budget_text(budget)} on the "
-        f"device; host memory has {mib(host)} free"
+        f"device; host memory has {mib(host_free_bytes())} for them"
     )

@@ -1,0 +1,262 @@
+"""Outputs in host memory within a host budget: peak host RSS, speed against the copy bound.
+
+    python benchmarks/host_budget.py [--cases matvec,many,matrix] [--gib 1.0]
+        [--output-memory host|auto] [--host-budget auto|BYTES] [--draws 4x250]
+        [--impossible] [--out FILE]
+
+Each case runs in a fresh process, and so does the bound:
+- `bound`: the platform's raw rate into fresh host memory: on a CPU, a copy of a cached
+  array into new numpy memory (its first touch included); on an accelerator, `np.asarray`
+  of a device array (one device-to-host copy into new memory).
+- a case: a per-draw function whose outputs come to `--gib` GiB over the draws, post-processed
+  by `postprocess_samples(output_memory=...)` under the host budget (`configure_memory(
+  host_budget=...)`; "auto": the host's available memory). The process's peak RSS
+  (`VmHWM`, reset through `/proc/self/clear_refs` just before the call) is reported above
+  the RSS at the call's start, against `1.10 x outputs + 1 GiB`; the time as a rate of
+  output bytes, and as a fraction of the bound; the values against NumPy on a few draws.
+  The cases differ in shape: `matvec` one wide output (`X @ beta`, as issue 49's 17.6 GB
+  deterministic), `many` 24 outputs of a few thousand values each, `matrix` one square
+  matrix per draw (an outer product).
+- `--host-budget tight`: the outputs and 320 MiB, less than the default staging and margin,
+  so that the plan must shrink its chunks to fit.
+- `--impossible`: each case again with a host budget of half its outputs: it must raise
+  `MemoryError` before compiling anything, the draws intact.
+
+The last line printed is the JSON record (`--out` writes it too). On the TPU (DEVELOPERS.md):
+`--gib 17.6 --output-memory auto --cases matvec --draws 4x1000`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _cell import run_child  # noqa: E402
+
+GiB = 2**30
+CASES = ("matvec", "many", "matrix")
+#: "tight": a host budget of the outputs and this, below the default staging and margin
+#: (`PlannerConfig.host_staging_bytes + host_margin_bytes`): the plan must shrink its chunks.
+TIGHT_EXTRA = 320 * 2**20
+
+
+def _rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _problem(case: str, gib: float, chains: int, draws: int):
+    """The per-draw function, its raw draws `(chains, draws, ...)`, and a NumPy reference of
+    one draw, for outputs of about `gib` GiB in float32."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    per_draw = int(gib * GiB / (chains * draws * 4))
+    if case == "matvec":
+        rows = per_draw
+        x = rng.normal(size=(rows, 8)).astype(np.float32)
+        beta = rng.normal(size=(chains, draws, 8)).astype(np.float32)
+        xj = jnp.asarray(x)
+
+        def fn(b):
+            return [xj @ b]
+
+        return fn, [beta], lambda b: [x @ b]
+    if case == "many":
+        width = max(per_draw // 24, 1)
+        scales = rng.uniform(0.5, 2.0, size=(24, width)).astype(np.float32)
+        theta = rng.normal(size=(chains, draws, 24)).astype(np.float32)
+        sj = jnp.asarray(scales)
+
+        def fn(t):
+            return [jnp.exp(t[k]) * sj[k] for k in range(24)]
+
+        return fn, [theta], lambda t: [np.exp(t[k]) * scales[k] for k in range(24)]
+    side = max(int(per_draw**0.5), 1)
+    v = rng.normal(size=(chains, draws, side)).astype(np.float32)
+
+    def fn(u):
+        return [jnp.outer(u, u)]
+
+    return fn, [v], lambda u: [np.outer(u, u)]
+
+
+def _case(args: argparse.Namespace) -> dict:
+    import jax
+    import numpy as np
+
+    import pymc_chunkpost as pc
+
+    chains, draws = args.chains, args.draws
+    fn, raw, numpy_fn = _problem(args.case, args.gib, chains, draws)
+    out_bytes = int(sum(4 * np.prod(y.shape) for y in numpy_fn(raw[0][0, 0]))) * chains * draws
+    if args.host_budget == "half":
+        pc.configure_memory(host_budget=out_bytes // 2)
+    elif args.host_budget == "tight":
+        pc.configure_memory(host_budget=out_bytes + TIGHT_EXTRA)
+    elif args.host_budget != "auto":
+        pc.configure_memory(host_budget=int(args.host_budget))
+    kept = [x.copy() for x in raw]
+    device = jax.devices()[0]
+    raw_device = [jax.device_put(x, device) for x in raw]
+    record = {
+        "case": args.case,
+        "platform": device.platform,
+        "device": str(device.device_kind),
+        "output_bytes": int(out_bytes),
+        "host_budget": args.host_budget,
+        "output_memory": args.output_memory,
+    }
+    compiles = [0]
+    compile_ = jax.stages.Lowered.compile
+
+    def counted(self, *a, **k):
+        compiles[0] += 1
+        return compile_(self, *a, **k)
+
+    jax.stages.Lowered.compile = counted  # type: ignore[method-assign]
+    start = _rss_bytes("VmRSS")
+    _reset_peak()
+    tic = time.perf_counter()
+    try:
+        outputs = pc.postprocess_samples(
+            fn, raw_device, None, "auto", output_memory=args.output_memory
+        )
+        jax.block_until_ready(outputs)
+    except MemoryError as error:
+        record |= {
+            "memory_error": str(error),
+            "compiles": compiles[0],
+            "draws_intact": all(
+                not x.is_deleted() and np.array_equal(np.asarray(x), k)
+                for x, k in zip(raw_device, kept)
+            ),
+        }
+        return record
+    seconds = time.perf_counter() - tic
+    peak = _rss_bytes("VmHWM")
+    worst = 0.0
+    for c, d in ((0, 0), (chains - 1, draws - 1), (chains // 2, draws // 3)):
+        want = numpy_fn(raw[0][c, d])
+        for y, w in zip(outputs, want):
+            got = np.asarray(y[c, d])
+            worst = max(worst, float(np.max(np.abs(got - w)) / (np.max(np.abs(w)) + 1e-30)))
+    record |= {
+        "seconds": seconds,
+        "rate_gb_s": out_bytes / seconds / 1e9,
+        "rss_start": start,
+        "peak_above_start": peak - start,
+        "allowed_above_start": int(1.10 * out_bytes + GiB),
+        "within": bool(peak - start <= 1.10 * out_bytes + GiB),
+        "outputs_type": type(outputs[0]).__name__,
+        "largest_relative_difference": worst,
+        "compiles": compiles[0],
+    }
+    del outputs
+    tic = time.perf_counter()
+    jax.block_until_ready(
+        pc.postprocess_samples(fn, raw_device, None, "auto", output_memory=args.output_memory)
+    )
+    record["warm_seconds"] = time.perf_counter() - tic
+    record["warm_rate_gb_s"] = out_bytes / record["warm_seconds"] / 1e9
+    return record
+
+
+def _bound(args: argparse.Namespace) -> dict:
+    """The raw rate into fresh host memory of `--gib` GiB (at most 2 GiB), best of three."""
+    import jax
+    import numpy as np
+
+    nbytes = int(min(args.gib, 2.0) * GiB)
+    device = jax.devices()[0]
+    best = float("inf")
+    if device.platform == "cpu":
+        source = np.ones(nbytes // 4, np.float32)
+        for _ in range(3):
+            tic = time.perf_counter()
+            target = np.empty_like(source)
+            target[...] = source
+            best = min(best, time.perf_counter() - tic)
+            del target
+        what = "copy into fresh numpy memory"
+    else:
+        x = jax.device_put(np.ones(nbytes // 4, np.float32), device)
+        x.block_until_ready()
+        for _ in range(3):
+            y = x + 1  # a fresh device array each time: no cached host copy
+            y.block_until_ready()
+            tic = time.perf_counter()
+            host = np.asarray(y)
+            best = min(best, time.perf_counter() - tic)
+            del host, y
+        what = "np.asarray of a device array"
+    return {"bound": what, "bytes": nbytes, "rate_gb_s": nbytes / best / 1e9}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--draws", default="4x250", help="chains x draws")
+    parser.add_argument("--output-memory", default="host", choices=["host", "auto"])
+    parser.add_argument("--host-budget", default="auto", help="'auto', 'tight' or bytes")
+    parser.add_argument("--impossible", action="store_true")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.chains, args.draws = map(int, args.draws.split("x"))
+    if args.child is not None:
+        args.case = args.child
+        print(json.dumps(_bound(args) if args.child == "bound" else _case(args)))
+        return
+    common = ["--gib", str(args.gib), "--draws", f"{args.chains}x{args.draws}"]
+    common += ["--output-memory", args.output_memory]
+    script = str(Path(__file__).resolve())
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    bound = run_child(script, [*common, "--child", "bound"], env)
+    print(f"bound: {bound['rate_gb_s']:.2f} GB/s ({bound['bound']})", file=sys.stderr)
+    records = []
+    for case in args.cases.split(","):
+        budgets = [args.host_budget] + (["half"] if args.impossible else [])
+        for budget in budgets:
+            r = run_child(script, [*common, "--host-budget", budget, "--child", case], env)
+            if "seconds" in r:
+                r["fraction_of_bound"] = r["rate_gb_s"] / bound["rate_gb_s"]
+                r["warm_fraction_of_bound"] = r["warm_rate_gb_s"] / bound["rate_gb_s"]
+                print(
+                    f"{case}: {r['output_bytes'] / GiB:.2f} GiB in {r['seconds']:.2f} s cold, "
+                    f"{r['warm_seconds']:.2f} s warm ({r['fraction_of_bound']:.0%} and "
+                    f"{r['warm_fraction_of_bound']:.0%} of the bound); "
+                    f"peak {r['peak_above_start'] / GiB:.2f} GiB above the start, allowed "
+                    f"{r['allowed_above_start'] / GiB:.2f}; values within "
+                    f"{r['largest_relative_difference']:.1e}",
+                    file=sys.stderr,
+                )
+            else:
+                print(f"{case} ({budget}): {r['memory_error'][:120]}...", file=sys.stderr)
+            records.append(r)
+    result = {"bound": bound, "cases": records}
+    line = json.dumps(result)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
