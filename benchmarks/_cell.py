@@ -42,7 +42,9 @@ def run_child(script: str, args: list[str], env: dict | None = None) -> dict:
         [sys.executable, script, *args],
         capture_output=True,
         text=True,
-        check=True,
         env=os.environ | (env or {}),
     )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{script} {' '.join(args)} exited {proc.returncode}:\n{tail}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
