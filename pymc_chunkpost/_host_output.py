@@ -19,6 +19,10 @@ reasons and the measurements are in docs/host_output.md):
   `np.asarray` of a pinned-host array is again a zero-copy view, and the one host copy is the
   write into the output slice. Pinned memory is only ever two chunks' worth, far below the
   pinned pool's limit (`XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB`).
+- `DIRECT` (TPU): each chunk's outputs start their device-to-host copy when dispatched
+  (`copy_to_host_async`), and land through `np.asarray`, the runtime's own copy into host
+  memory, then the write into the output slice. On a TPU v5e (jax 0.10.2) the pinned route
+  moved 17.6 GB at 0.3 GB/s, where `np.asarray` of a device array runs at 3.2 GB/s.
 
 Donation: never compile the chunk step (or anything else) with donated inputs and a host
 memory-kind output. On CPU (jax 0.10 and 0.12) XLA aliases the donated device buffer to the
@@ -64,6 +68,7 @@ class Transfer(enum.Enum):
 
     VIEW = "view"
     PINNED_COPY = "pinned_copy"
+    DIRECT = "direct"
 
 
 #: The memory kind that accelerators expose for host memory they can DMA into.
@@ -80,13 +85,16 @@ def host_memory_kind(device: jax.Device) -> str | None:
 
 
 def default_transfer(device: jax.Device) -> Transfer:
-    """`VIEW` on a CPU, `PINNED_COPY` where the device has pinned host memory.
+    """`VIEW` on a CPU, `DIRECT` on a TPU, `PINNED_COPY` where another accelerator has pinned
+    host memory.
 
     Raises:
         ValueError: an accelerator without a `pinned_host` memory kind.
     """
     if device.platform == "cpu":
         return Transfer.VIEW
+    if device.platform == "tpu":
+        return Transfer.DIRECT
     if host_memory_kind(device) is None:
         raise ValueError(
             f"Device {device} ({device.platform}) has no 'pinned_host' memory kind, so its "
@@ -286,12 +294,16 @@ def stream_to_host(
         if transfer is Transfer.PINNED_COPY:
             # Asynchronous DMA into pinned host memory, queued behind chunk k's compute.
             ys = jax.device_put(ys, pinned)
+        elif transfer is Transfer.DIRECT:
+            for y in ys:  # the runtime's copy to host, queued behind chunk k's compute
+                y.copy_to_host_async()
         return ys
 
     def land(k, ys):
         start, written = starts[k], k * size  # the last chunk's overlap is already written
         for flat, y in zip(flats, ys, strict=True):
-            # A zero-copy view (CPU memory or pinned host memory); blocks until it is ready.
+            # A zero-copy view (CPU memory or pinned host memory), or the runtime's host
+            # copy (DIRECT); blocks until it is ready.
             view = np.asarray(y)
             flat[written : start + size] = view[written - start :]
 

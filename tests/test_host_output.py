@@ -341,5 +341,7 @@ class TestValidation:
 
         assert default_transfer(jax.devices("cpu")[0]) is Transfer.VIEW
         assert default_transfer(fake(["device", "pinned_host"])) is Transfer.PINNED_COPY
+        tpu = types.SimpleNamespace(platform="tpu", addressable_memories=lambda: [])
+        assert default_transfer(tpu) is Transfer.DIRECT
         with pytest.raises(ValueError, match="no 'pinned_host' memory kind.*output_memory"):
             default_transfer(fake(["device"]))
