@@ -145,7 +145,10 @@ def sample_posterior_predictive(
 
     Raises:
         ValueError: bad input (unknown names, a trace without the variables the graph
-            needs, shapes that differ from the model's, bad options), before any work.
+            needs, a rank or a fixed length that differs from the model's, lengths the
+            model cannot compute with, bad options), before any work.
+        IndexError: a constant index (`pm.Data`) out of range of what it indexes, before
+            any work (pymc 5 raises it; JAX would clamp it).
         TypeError: an argument the installed pymc does not take (pymc 5 has no
             `sample_vars`, `freeze_vars` or `backend`).
     """
@@ -620,14 +623,17 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
     implementation and a digest of the model's data: `pm.set_data` gives a new program, as
     the data are constants in it. Whether it traces (a random variable whose size is not
     static cannot) is checked here, before any work.
+
+    Raises:
+        ValueError: a trace variable whose shape the variable's static shape refuses, or
+            whose length along a resized dim the graph cannot compute with (where pymc's
+            own function raises too).
+        IndexError: a constant index out of range of what it indexes (pymc 5 raises it).
     """
     from pytensor import config
 
     impl = str(jax.config.values["jax_default_prng_impl"])  # JAX's default, as set by the user
-    # Once per call: data-dependent shapes hash the model's data (and may evaluate them).
-    free = any(v in model.free_RVs for v in forward.inputs)
-    free_shapes = expected_shapes(model) if free else {}
-    shapes = [_checked_shape(v, read, model, free_shapes) for v in forward.inputs]
+    shapes = [_checked_shape(v, read) for v in forward.inputs]
     signature = tuple(
         (v.name, shape, v.type.dtype) for v, shape in zip(forward.inputs, shapes, strict=True)
     )
@@ -636,22 +642,38 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
     cached = _GRAPHS.get(model, key)
     if cached is not None:
         return cached
-    # pytensor records a Python stack trace on every node it builds, for errors in the
-    # user's own graph; these graphs are ours, built from a model that already compiled.
-    with config.change_flags(traceback__limit=0):
-        graph = random_function(forward.inputs, forward.outputs, shapes)
-    if isinstance(graph, str):
-        return graph
-    names = [v.name for v in forward.inputs]
-    built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
-    key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
-    specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
     try:
+        # pytensor records a Python stack trace on every node it builds, for errors in the
+        # user's own graph; these graphs are ours, built from a model that already compiled.
+        with config.change_flags(traceback__limit=0):
+            graph = random_function(forward.inputs, forward.outputs, shapes)
+        if isinstance(graph, str):
+            return graph
+        names = [v.name for v in forward.inputs]
+        built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
+        key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
+        specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
         jax.eval_shape(built.fn, key_spec, *specs)
     except jax.errors.ConcretizationTypeError as error:
         return f"a random variable's size is not static: {str(error).splitlines()[0]}"
     except NotImplementedError as error:  # e.g. JAX's Poisson under another PRNG than threefry
         return f"no JAX implementation: {str(error).splitlines()[0]}"
+    except (ValueError, TypeError) as error:
+        # Shapes that do not broadcast: pytensor raises ValueError as it rebuilds the graph at
+        # the trace's shapes, JAX a TypeError as it traces it. pymc raises ValueError.
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, TypeError) and "incompatible shapes" not in first:
+            raise
+        if resized := _resized(model, forward.inputs, shapes):
+            raise ValueError(
+                f"The trace's {'; '.join(resized)} (a dim resized since sampling), and the "
+                f"model's graph does not compute with that: {first} Pass `sample_vars` "
+                "(pymc 6) to draw it anew at the model's length, or the model the draws "
+                "came from."
+            ) from error
+        if isinstance(error, TypeError):
+            raise ValueError(f"The model's shapes do not broadcast: {first}") from error
+        raise
     _GRAPHS.put(model, key, built)
     return built
 
@@ -681,24 +703,41 @@ def _per_draw(graph: RandomFunction, impl: str) -> Callable:
     return per_draw
 
 
-def _checked_shape(
-    var: Any, read: _Trace, model: Any, free_shapes: dict[str, tuple[int, ...]]
-) -> tuple[int, ...]:
-    """The trace's per-draw shape of `var`, checked against the model's shape of it
-    (`free_shapes` for free variables; JAX would clamp an out-of-range index where pymc
-    raises)."""
+def _checked_shape(var: Any, read: _Trace) -> tuple[int, ...]:
+    """The trace's per-draw shape of `var`, checked as pymc's compiled function checks its
+    inputs: the variable's rank, and the lengths fixed in its type (`shape=3`, or a model
+    after `freeze_dims_and_data`).
+
+    A length that a dim gives (`dims=`, resizable by `set_dim`) is not fixed in the type:
+    pymc computes with the trace's length there (pymc 6 keeps a trace variable after its
+    dim was resized, and warns `ImplicitFreezeWarning`), and so does the graph, built for the
+    trace's shapes. What cannot compute with it fails when the graph is built (`_build`), and
+    a constant index out of its range raises there (`_graph`), not clamped as JAX would.
+    """
     shape = read.event_shape(var.name)
-    expected = tuple(var.type.shape)
-    if var in model.free_RVs:
-        expected = free_shapes[var.name]
-    if len(shape) != len(expected) or any(
-        n is not None and n != m for n, m in zip(expected, shape)
+    static = tuple(var.type.shape)
+    if len(shape) != len(static) or any(
+        n is not None and n != m for n, m in zip(static, shape, strict=False)
     ):
         raise ValueError(
-            f"The trace's {var.name!r} has shape {shape} per draw, but the model's has "
-            f"{expected}. Pass the model the draws came from (with the same data and coords)."
+            f"The trace's {var.name!r} has shape {shape} per draw, but the model's is fixed "
+            f"at {static}. Pass the model the draws came from (with the same data and coords)."
         )
     return shape
+
+
+def _resized(model: Any, inputs: Sequence[Any], shapes: Sequence[tuple[int, ...]]) -> list[str]:
+    """ "`name` has shape (trace's) per draw, the model's (current's)" for each free variable
+    among `inputs` whose trace shape is not the model's current one."""
+    free = [(v, s) for v, s in zip(inputs, shapes, strict=True) if v in model.free_RVs]
+    if not free:
+        return []
+    expected = expected_shapes(model)
+    return [
+        f"{v.name!r} has shape {s} per draw, the model's {expected[v.name]}"
+        for v, s in free
+        if s != expected[v.name]
+    ]
 
 
 def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> np.ndarray:

@@ -419,11 +419,17 @@ def test_bad_input_raises_before_any_work(hierarchical, no_work, arguments, erro
 
 
 def test_trace_with_other_shapes(hierarchical, no_work):
+    """A trace's `a` shorter than the groups that index it: pymc raises IndexError, and so
+    does the route, before any work (JAX would clamp the index). A variable's rank, and a
+    length fixed in its type, are checked as pymc's compiled function checks them."""
     model, idata = hierarchical
     post = dataset(idata["posterior"]).drop_vars(["mu"])  # so that `a` is needed
-    wrong = post.assign(a=(("chain", "draw", "three"), post["a"].values[..., :3]))
-    with pytest.raises(ValueError, match=r"The trace's 'a' has shape \(3,\)"):
-        OURS(models.with_posterior(idata, wrong), model=model, progressbar=False)
+    short = post.assign(a=(("chain", "draw", "three"), post["a"].values[..., :3]))
+    with pytest.raises(IndexError, match="out of bounds for axis 0 with size 3"):
+        OURS(models.with_posterior(idata, short), model=model, progressbar=False)
+    matrix = post.assign(a=(("chain", "draw", "g", "h"), post["a"].values[..., None]))
+    with pytest.raises(ValueError, match=r"The trace's 'a' has shape \(5, 1\)"):
+        OURS(models.with_posterior(idata, matrix), model=model, progressbar=False)
 
 
 def test_variables_missing_from_the_trace_are_drawn_as_pymc_draws_them(hierarchical, caplog):
