@@ -8,11 +8,15 @@ drawn by our samplers from a key input) and mapped over all draws by the engine
 functions into what pymc returns (pymc 6: `xarray.DataTree`; pymc 5: `arviz.InferenceData`).
 
 Which variables are drawn anew and which are taken from the trace follows the installed
-pymc's own rules (`_resolve_v5`, `_resolve_v6`). What the route cannot honour runs pymc's
-own function. Where the user asked for it (a non-JAX compile mode, pymc-only
-`compile_kwargs`) that is logged at INFO on the `pymc_chunkpost` logger; where the route fails
-them (a random variable with no sampler of ours, a `MultiTrace`) it is a one-line warning (a
-log warning when `patch` routed the call).
+pymc's own rules (`_resolve_v5`, `_resolve_v6`). A trace variable whose length along a dim
+differs from the model's (pymc 6 keeps it after `set_dim`) is computed with at the trace's
+length, as pymc does; a length fixed in the variable's type is checked as pymc checks it.
+
+Some calls run pymc's own function, said on the `pymc_chunkpost` logger as loudly as they
+deserve: a `MultiTrace`, which pymc's function reads itself, at DEBUG (the records above it
+are pymc's own); a non-JAX compile mode or pymc-only `compile_kwargs`, which the user asked
+for, at INFO; a graph the route cannot build (a random variable with no sampler of ours),
+which costs speed, as a one-line `UserWarning` (a log warning when `patch` routed the call).
 
 Keys: random generator `j` of the graph, in draw `i` (its index in the flattened sample
 dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
@@ -108,7 +112,8 @@ def sample_posterior_predictive(
 
     Args:
         trace: pymc 6: a `DataTree` or `Dataset`; pymc 5: an `InferenceData` or `Dataset`;
-            or a list of points (dicts). A `MultiTrace` runs pymc's own function.
+            or a list of points (dicts). A `MultiTrace` runs pymc's own function (said at
+            DEBUG on the `pymc_chunkpost` logger).
         model: the model; default the one on the context stack.
         var_names: the variables to return (see pymc's documentation: on pymc 5 they are
             also drawn anew; on pymc 6 only `sample_vars` are).
@@ -179,7 +184,9 @@ def _sample(arguments: dict[str, Any]) -> Any:
         return _empty(pymc_args, read)
     built = _build(model, forward, read) if forward.outputs else None
     if isinstance(built, str):
-        return _fall_back(Fallback(built, asked=False), trace, pymc_args)  # logs what it samples
+        return _fall_back(
+            Fallback(built, logging.WARNING), trace, pymc_args
+        )  # logs what it samples
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
     values: dict[str, np.ndarray] = {}
     if built is not None:
@@ -234,7 +241,10 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         ours["memory_budget"],
         ours["output_memory"],
     )
-    resolve_device(ours["postprocessing_backend"])
+    # None is the default device, which every JAX has: not looked up here, so that a call
+    # handed to pymc's own function starts no JAX backend (whose start logs at INFO).
+    if ours["postprocessing_backend"] is not None:
+        resolve_device(ours["postprocessing_backend"])
     sample_dims = pymc_args.get("sample_dims")
     if sample_dims is not None and (
         isinstance(sample_dims, str) or not all(isinstance(d, str) for d in sample_dims)
@@ -252,18 +262,22 @@ def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> Fallback | None:
 
     reason = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
     if reason is not None:
-        return Fallback(reason, asked=True)
+        return Fallback(reason, logging.INFO)
     if isinstance(trace, MultiTrace):
-        return Fallback("the trace is a MultiTrace", asked=False)
+        # pymc's own function is the route for a MultiTrace: its per-draw loop reads the
+        # trace's chains as they are, and a MultiTrace holds neither data nor coords, so pymc
+        # draws anew whatever depends on them. Nothing is lost: nothing to say above DEBUG,
+        # so that the records are pymc's own.
+        return Fallback("the trace is a MultiTrace", logging.DEBUG)
     return None
 
 
 def _fall_back(fallback: Fallback, trace: Any, pymc_args: dict[str, Any]) -> Any:
-    """pymc's own function: logged at INFO where the user asked for pymc's compile, else a
-    one-line warning (a log warning when `patch` routed here)."""
+    """pymc's own function, said at `fallback.level`: below WARNING on the `pymc_chunkpost`
+    logger; at WARNING a one-line `UserWarning` (a log warning when `patch` routed here)."""
     message = f"`sample_posterior_predictive` runs pymc's own function ({fallback.reason})."
-    if fallback.asked:
-        _log.info(message)
+    if fallback.level < logging.WARNING:
+        _log.log(fallback.level, message)
     elif ROUTED.get():
         _log.warning("pymc_chunkpost: %s", message)
     else:
