@@ -80,6 +80,8 @@ def _as_declared(value: Any, dtype: str | None) -> Any:
 def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
     """pytensor's JAX function for `node`, its outputs cast to their declared dtypes."""
     function = _dispatch().jax_funcify(op, node=node, **kwargs)
+    if _reads_by_index(op):
+        function = _bounds_checked(function)
     if _updates_in_place(op):  # `x.at[...]`: the array updated must be a JAX array
         update = function
 
@@ -99,6 +101,36 @@ def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
         return tuple(_as_declared(x, d) for x, d in zip(function(*args), dtypes, strict=True))
 
     return several
+
+
+def _reads_by_index(op: Any) -> bool:
+    from pytensor.tensor import subtensor
+
+    names = ("Subtensor", "AdvancedSubtensor", "AdvancedSubtensor1")  # 1: pytensor 2
+    return isinstance(op, tuple(getattr(subtensor, n) for n in names if hasattr(subtensor, n)))
+
+
+def _bounds_checked(read: Callable) -> Callable:
+    """pytensor's `x[indices]` for JAX, raising numpy's `IndexError` for a constant index
+    out of range, as pymc's own backends raise it (pymc 5's C backend), where JAX would clamp
+    it into range and give another element's value.
+
+    Constant indices are numpy values while the graph traces (`_typify`): the same function
+    indexes a zero-strided array of `x`'s shape with them, in numpy, once per trace. An
+    index computed in the graph (a tracer) is not checked (JAX clamps it).
+    """
+
+    def concrete(index: Any) -> bool:
+        if isinstance(index, slice):
+            return all(concrete(i) for i in (index.start, index.stop, index.step))
+        return not isinstance(index, jax.Array)
+
+    def checked(x, *indices):
+        if indices and all(concrete(i) for i in indices):
+            read(np.broadcast_to(np.zeros((), np.int8), np.shape(x)), *indices)
+        return read(x, *indices)
+
+    return checked
 
 
 def _updates_in_place(op: Any) -> bool:

@@ -251,7 +251,9 @@ def compute_deterministics(
     outputs = [model[n] for n in names]
     graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
-        return _fall_back(original, name, Fallback(graph, asked=False), original_object, pymc_args)
+        return _fall_back(
+            original, name, Fallback(graph, logging.WARNING), original_object, pymc_args
+        )
     values = _evaluate(graph, draws, ours, "Computing deterministics")
     new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
     if pymc_args.get("extend_dataset"):
@@ -296,7 +298,7 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     key = (kind, None if var_names is None else tuple(names))
     graph = _graph(model, key, build)
     if isinstance(graph, str):
-        return _fall_back(original, name, Fallback(graph, asked=False), idata, pymc_args)
+        return _fall_back(original, name, Fallback(graph, logging.WARNING), idata, pymc_args)
     values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
@@ -379,9 +381,9 @@ def _fallback_reason(pymc_args: dict[str, Any]) -> Fallback | None:
     """Why the JAX route cannot give pymc's answer for these arguments; None when it can."""
     reason = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
     if reason is not None:
-        return Fallback(reason, asked=True)
+        return Fallback(reason, logging.INFO)
     if len(pymc_args["sample_dims"]) != 2 and not pymc6():
-        return Fallback("pymc 5 takes two `sample_dims` only", asked=False)
+        return Fallback("pymc 5 takes two `sample_dims` only", logging.WARNING)
     return None
 
 
@@ -389,8 +391,8 @@ def _fall_back(
     original: Callable, name: str, fallback: Fallback, first: Any, pymc_args: dict
 ) -> Any:
     """pymc's own `original`: logged where the user asked for it, else a one-line warning."""
-    if fallback.asked:
-        _log.info("`%s` runs pymc's own function (%s).", name, fallback.reason)
+    if fallback.level < logging.WARNING:
+        _log.log(fallback.level, "`%s` runs pymc's own function (%s).", name, fallback.reason)
     else:
         message = f"pymc_chunkpost: `{name}` runs pymc's own function ({fallback.reason})."
         warnings.warn(message, UserWarning, stacklevel=3)

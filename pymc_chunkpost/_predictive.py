@@ -8,11 +8,15 @@ drawn by our samplers from a key input) and mapped over all draws by the engine
 functions into what pymc returns (pymc 6: `xarray.DataTree`; pymc 5: `arviz.InferenceData`).
 
 Which variables are drawn anew and which are taken from the trace follows the installed
-pymc's own rules (`_resolve_v5`, `_resolve_v6`). What the route cannot honour runs pymc's
-own function. Where the user asked for it (a non-JAX compile mode, pymc-only
-`compile_kwargs`) that is logged at INFO on the `pymc_chunkpost` logger; where the route fails
-them (a random variable with no sampler of ours, a `MultiTrace`) it is a one-line warning (a
-log warning when `patch` routed the call).
+pymc's own rules (`_resolve_v5`, `_resolve_v6`). A trace variable whose length along a dim
+differs from the model's (pymc 6 keeps it after `set_dim`) is computed with at the trace's
+length, as pymc does; a length fixed in the variable's type is checked as pymc checks it.
+
+Some calls run pymc's own function, said on the `pymc_chunkpost` logger as loudly as they
+deserve: a `MultiTrace`, which pymc's function reads itself, at DEBUG (the records above it
+are pymc's own); a non-JAX compile mode or pymc-only `compile_kwargs`, which the user asked
+for, at INFO; a graph the route cannot build (a random variable with no sampler of ours),
+which costs speed, as a one-line `UserWarning` (a log warning when `patch` routed the call).
 
 Keys: random generator `j` of the graph, in draw `i` (its index in the flattened sample
 dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
@@ -108,7 +112,8 @@ def sample_posterior_predictive(
 
     Args:
         trace: pymc 6: a `DataTree` or `Dataset`; pymc 5: an `InferenceData` or `Dataset`;
-            or a list of points (dicts). A `MultiTrace` runs pymc's own function.
+            or a list of points (dicts). A `MultiTrace` runs pymc's own function (said at
+            DEBUG on the `pymc_chunkpost` logger).
         model: the model; default the one on the context stack.
         var_names: the variables to return (see pymc's documentation: on pymc 5 they are
             also drawn anew; on pymc 6 only `sample_vars` are).
@@ -145,7 +150,10 @@ def sample_posterior_predictive(
 
     Raises:
         ValueError: bad input (unknown names, a trace without the variables the graph
-            needs, shapes that differ from the model's, bad options), before any work.
+            needs, a rank or a fixed length that differs from the model's, lengths the
+            model cannot compute with, bad options), before any work.
+        IndexError: a constant index (`pm.Data`) out of range of what it indexes, before
+            any work (pymc 5 raises it; JAX would clamp it).
         TypeError: an argument the installed pymc does not take (pymc 5 has no
             `sample_vars`, `freeze_vars` or `backend`).
     """
@@ -176,7 +184,9 @@ def _sample(arguments: dict[str, Any]) -> Any:
         return _empty(pymc_args, read)
     built = _build(model, forward, read) if forward.outputs else None
     if isinstance(built, str):
-        return _fall_back(Fallback(built, asked=False), trace, pymc_args)  # logs what it samples
+        return _fall_back(
+            Fallback(built, logging.WARNING), trace, pymc_args
+        )  # logs what it samples
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
     values: dict[str, np.ndarray] = {}
     if built is not None:
@@ -231,7 +241,10 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         ours["memory_budget"],
         ours["output_memory"],
     )
-    resolve_device(ours["postprocessing_backend"])
+    # None is the default device, which every JAX has: not looked up here, so that a call
+    # handed to pymc's own function starts no JAX backend (whose start logs at INFO).
+    if ours["postprocessing_backend"] is not None:
+        resolve_device(ours["postprocessing_backend"])
     sample_dims = pymc_args.get("sample_dims")
     if sample_dims is not None and (
         isinstance(sample_dims, str) or not all(isinstance(d, str) for d in sample_dims)
@@ -249,18 +262,22 @@ def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> Fallback | None:
 
     reason = compile_fallback(pymc_args, _NEUTRAL_COMPILE_KWARGS)
     if reason is not None:
-        return Fallback(reason, asked=True)
+        return Fallback(reason, logging.INFO)
     if isinstance(trace, MultiTrace):
-        return Fallback("the trace is a MultiTrace", asked=False)
+        # pymc's own function is the route for a MultiTrace: its per-draw loop reads the
+        # trace's chains as they are, and a MultiTrace holds neither data nor coords, so pymc
+        # draws anew whatever depends on them. Nothing is lost: nothing to say above DEBUG,
+        # so that the records are pymc's own.
+        return Fallback("the trace is a MultiTrace", logging.DEBUG)
     return None
 
 
 def _fall_back(fallback: Fallback, trace: Any, pymc_args: dict[str, Any]) -> Any:
-    """pymc's own function: logged at INFO where the user asked for pymc's compile, else a
-    one-line warning (a log warning when `patch` routed here)."""
+    """pymc's own function, said at `fallback.level`: below WARNING on the `pymc_chunkpost`
+    logger; at WARNING a one-line `UserWarning` (a log warning when `patch` routed here)."""
     message = f"`sample_posterior_predictive` runs pymc's own function ({fallback.reason})."
-    if fallback.asked:
-        _log.info(message)
+    if fallback.level < logging.WARNING:
+        _log.log(fallback.level, message)
     elif ROUTED.get():
         _log.warning("pymc_chunkpost: %s", message)
     else:
@@ -620,14 +637,17 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
     implementation and a digest of the model's data: `pm.set_data` gives a new program, as
     the data are constants in it. Whether it traces (a random variable whose size is not
     static cannot) is checked here, before any work.
+
+    Raises:
+        ValueError: a trace variable whose shape the variable's static shape refuses, or
+            whose length along a resized dim the graph cannot compute with (where pymc's
+            own function raises too).
+        IndexError: a constant index out of range of what it indexes (pymc 5 raises it).
     """
     from pytensor import config
 
     impl = str(jax.config.values["jax_default_prng_impl"])  # JAX's default, as set by the user
-    # Once per call: data-dependent shapes hash the model's data (and may evaluate them).
-    free = any(v in model.free_RVs for v in forward.inputs)
-    free_shapes = expected_shapes(model) if free else {}
-    shapes = [_checked_shape(v, read, model, free_shapes) for v in forward.inputs]
+    shapes = [_checked_shape(v, read) for v in forward.inputs]
     signature = tuple(
         (v.name, shape, v.type.dtype) for v, shape in zip(forward.inputs, shapes, strict=True)
     )
@@ -636,22 +656,38 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
     cached = _GRAPHS.get(model, key)
     if cached is not None:
         return cached
-    # pytensor records a Python stack trace on every node it builds, for errors in the
-    # user's own graph; these graphs are ours, built from a model that already compiled.
-    with config.change_flags(traceback__limit=0):
-        graph = random_function(forward.inputs, forward.outputs, shapes)
-    if isinstance(graph, str):
-        return graph
-    names = [v.name for v in forward.inputs]
-    built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
-    key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
-    specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
     try:
+        # pytensor records a Python stack trace on every node it builds, for errors in the
+        # user's own graph; these graphs are ours, built from a model that already compiled.
+        with config.change_flags(traceback__limit=0):
+            graph = random_function(forward.inputs, forward.outputs, shapes)
+        if isinstance(graph, str):
+            return graph
+        names = [v.name for v in forward.inputs]
+        built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
+        key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
+        specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
         jax.eval_shape(built.fn, key_spec, *specs)
     except jax.errors.ConcretizationTypeError as error:
         return f"a random variable's size is not static: {str(error).splitlines()[0]}"
     except NotImplementedError as error:  # e.g. JAX's Poisson under another PRNG than threefry
         return f"no JAX implementation: {str(error).splitlines()[0]}"
+    except (ValueError, TypeError) as error:
+        # Shapes that do not broadcast: pytensor raises ValueError as it rebuilds the graph at
+        # the trace's shapes, JAX a TypeError as it traces it. pymc raises ValueError.
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, TypeError) and "incompatible shapes" not in first:
+            raise
+        if resized := _resized(model, forward.inputs, shapes):
+            raise ValueError(
+                f"The trace's {'; '.join(resized)} (a dim resized since sampling), and the "
+                f"model's graph does not compute with that: {first} Pass `sample_vars` "
+                "(pymc 6) to draw it anew at the model's length, or the model the draws "
+                "came from."
+            ) from error
+        if isinstance(error, TypeError):
+            raise ValueError(f"The model's shapes do not broadcast: {first}") from error
+        raise
     _GRAPHS.put(model, key, built)
     return built
 
@@ -681,24 +717,41 @@ def _per_draw(graph: RandomFunction, impl: str) -> Callable:
     return per_draw
 
 
-def _checked_shape(
-    var: Any, read: _Trace, model: Any, free_shapes: dict[str, tuple[int, ...]]
-) -> tuple[int, ...]:
-    """The trace's per-draw shape of `var`, checked against the model's shape of it
-    (`free_shapes` for free variables; JAX would clamp an out-of-range index where pymc
-    raises)."""
+def _checked_shape(var: Any, read: _Trace) -> tuple[int, ...]:
+    """The trace's per-draw shape of `var`, checked as pymc's compiled function checks its
+    inputs: the variable's rank, and the lengths fixed in its type (`shape=3`, or a model
+    after `freeze_dims_and_data`).
+
+    A length that a dim gives (`dims=`, resizable by `set_dim`) is not fixed in the type:
+    pymc computes with the trace's length there (pymc 6 keeps a trace variable after its
+    dim was resized, and warns `ImplicitFreezeWarning`), and so does the graph, built for the
+    trace's shapes. What cannot compute with it fails when the graph is built (`_build`), and
+    a constant index out of its range raises there (`_graph`), not clamped as JAX would.
+    """
     shape = read.event_shape(var.name)
-    expected = tuple(var.type.shape)
-    if var in model.free_RVs:
-        expected = free_shapes[var.name]
-    if len(shape) != len(expected) or any(
-        n is not None and n != m for n, m in zip(expected, shape)
+    static = tuple(var.type.shape)
+    if len(shape) != len(static) or any(
+        n is not None and n != m for n, m in zip(static, shape, strict=False)
     ):
         raise ValueError(
-            f"The trace's {var.name!r} has shape {shape} per draw, but the model's has "
-            f"{expected}. Pass the model the draws came from (with the same data and coords)."
+            f"The trace's {var.name!r} has shape {shape} per draw, but the model's is fixed "
+            f"at {static}. Pass the model the draws came from (with the same data and coords)."
         )
     return shape
+
+
+def _resized(model: Any, inputs: Sequence[Any], shapes: Sequence[tuple[int, ...]]) -> list[str]:
+    """ "`name` has shape (trace's) per draw, the model's (current's)" for each free variable
+    among `inputs` whose trace shape is not the model's current one."""
+    free = [(v, s) for v, s in zip(inputs, shapes, strict=True) if v in model.free_RVs]
+    if not free:
+        return []
+    expected = expected_shapes(model)
+    return [
+        f"{v.name!r} has shape {s} per draw, the model's {expected[v.name]}"
+        for v, s in free
+        if s != expected[v.name]
+    ]
 
 
 def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> np.ndarray:

@@ -49,10 +49,16 @@ def is_jax_mode(mode: Any) -> bool:
 
 
 class Fallback(NamedTuple):
-    """Why a route runs pymc's own function instead of its JAX route."""
+    """Why a route runs pymc's own function instead of its JAX route, and how loudly it says so.
+
+    `level` is a `logging` level: DEBUG where pymc's own function is the route for that input
+    (a `MultiTrace`: nothing is lost, so nothing is said above DEBUG); INFO where the user
+    asked for pymc's compile; WARNING where the JAX route fails the call (it costs speed):
+    a one-line `UserWarning`, or a log warning while `patch` routes the call.
+    """
 
     reason: str
-    asked: bool  # the user asked for pymc's compile: logged at INFO, not warned
+    level: int
 
 
 def compile_fallback(pymc_args: dict[str, Any], neutral: frozenset[str]) -> str | None:

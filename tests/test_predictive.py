@@ -419,11 +419,17 @@ def test_bad_input_raises_before_any_work(hierarchical, no_work, arguments, erro
 
 
 def test_trace_with_other_shapes(hierarchical, no_work):
+    """A trace's `a` shorter than the groups that index it: pymc raises IndexError, and so
+    does the route, before any work (JAX would clamp the index). A variable's rank, and a
+    length fixed in its type, are checked as pymc's compiled function checks them."""
     model, idata = hierarchical
     post = dataset(idata["posterior"]).drop_vars(["mu"])  # so that `a` is needed
-    wrong = post.assign(a=(("chain", "draw", "three"), post["a"].values[..., :3]))
-    with pytest.raises(ValueError, match=r"The trace's 'a' has shape \(3,\)"):
-        OURS(models.with_posterior(idata, wrong), model=model, progressbar=False)
+    short = post.assign(a=(("chain", "draw", "three"), post["a"].values[..., :3]))
+    with pytest.raises(IndexError, match="out of bounds for axis 0 with size 3"):
+        OURS(models.with_posterior(idata, short), model=model, progressbar=False)
+    matrix = post.assign(a=(("chain", "draw", "g", "h"), post["a"].values[..., None]))
+    with pytest.raises(ValueError, match=r"The trace's 'a' has shape \(5, 1\)"):
+        OURS(models.with_posterior(idata, matrix), model=model, progressbar=False)
 
 
 def test_variables_missing_from_the_trace_are_drawn_as_pymc_draws_them(hierarchical, caplog):
@@ -436,6 +442,84 @@ def test_variables_missing_from_the_trace_are_drawn_as_pymc_draws_them(hierarchi
 
 
 # --- patch ---------------------------------------------------------------------------------
+
+
+def multitrace(model, idata):
+    """The posterior of `idata` as pymc's `MultiTrace` (one `NDArray` per chain)."""
+    from pymc.backends.base import MultiTrace
+
+    post = dataset(idata["posterior"])
+    straces = []
+    for chain in range(post.sizes["chain"]):
+        strace = pm.backends.NDArray(model=model, vars=model.free_RVs)
+        strace.setup(post.sizes["draw"], chain)
+        values = {name: post[name].values[chain] for name in strace.varnames}
+        if PYMC6:
+            strace.values = values
+        else:
+            strace.samples = values
+        strace.draw_idx = post.sizes["draw"]
+        straces.append(strace)
+    return MultiTrace(straces)
+
+
+def records(caplog, function, *args, **kwargs):
+    """(logger, level, message) of every record at INFO and above while `function` runs, as
+    pymc's tests read them; the messages of `pymc_chunkpost`'s records at any level; the
+    warnings, as (category, message)."""
+    caplog.clear()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
+        warnings.simplefilter("always")
+        function(*args, **kwargs)
+    loud = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= 20]
+    said = [r.getMessage() for r in caplog.records if r.name == "pymc_chunkpost"]
+    return loud, said, [(w.category, str(w.message)) for w in caught]
+
+
+def test_multitrace_hand_over_logs_as_pymc(hierarchical, runs, caplog):
+    """pymc's own function is the route for a `MultiTrace`: patched, the records at INFO and
+    above are pymc's own (pymc's `test_logging_sampled_basic_rvs_posterior_mutable`), the
+    hand-over is said at DEBUG, and nothing is warned."""
+    model, idata = hierarchical
+    trace = multitrace(model, idata)
+    kwargs = dict(model=model, progressbar=False, random_seed=3, return_inferencedata=False)
+    theirs, _, their_warnings = records(caplog, pm.sample_posterior_predictive, trace, **kwargs)
+    sampled_by_pymc = "Sampling: [y]" if PYMC6 else "Sampling: [a, y]"  # pymc 5: `a`'s dim
+    assert theirs == [("pymc.sampling.forward", logging.INFO, sampled_by_pymc)]
+    with pymc_chunkpost.patched(posterior_predictive=True):
+        ours, said, our_warnings = records(caplog, pm.sample_posterior_predictive, trace, **kwargs)
+    direct, said_direct, direct_warnings = records(caplog, OURS, trace, **kwargs)
+    assert ours == theirs and direct == theirs
+    assert our_warnings == their_warnings and direct_warnings == their_warnings
+    assert (
+        said
+        == said_direct
+        == ["`sample_posterior_predictive` runs pymc's own function (the trace is a MultiTrace)."]
+    )
+    assert runs == []
+
+
+def test_patched_fallback_that_costs_speed_warns(runs, caplog):
+    """A random variable with no JAX sampler: patched, one WARNING record on the
+    `pymc_chunkpost` logger before pymc's own "Sampling" line (not a `UserWarning`)."""
+    model = custom_dist_model()
+    idata = models.posterior(model, chains=2, draws=5)
+    kwargs = dict(model=model, progressbar=False, random_seed=10, return_inferencedata=False)
+    with pymc_chunkpost.patched(posterior_predictive=True):
+        loud, _, caught = records(
+            caplog, pm.sample_posterior_predictive, copy_idata(idata), **kwargs
+        )
+    assert not [message for _, message in caught if "pymc_chunkpost" in message]
+    assert loud == [
+        (
+            "pymc_chunkpost",
+            logging.WARNING,
+            "pymc_chunkpost: `sample_posterior_predictive` runs pymc's own function (no JAX "
+            "sampler for `custom` (CustomDist_custom)).",
+        ),
+        ("pymc.sampling.forward", logging.INFO, "Sampling: [custom]"),
+    ]
+    assert runs == []
 
 
 def test_patch_routes_only_when_asked(hierarchical, runs, caplog):
