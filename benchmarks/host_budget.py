@@ -247,6 +247,41 @@ def _bound(args: argparse.Namespace) -> dict:
     return {"bound": what, "bytes": nbytes, "rate_gb_s": nbytes / best / 1e9}
 
 
+def markdown(result: dict) -> tuple[str, str]:
+    """The results page's header and table for a record (`benchmarks/results_page.py`)."""
+    bound = result["bound"]
+    ran = [c for c in result["cases"] if "seconds" in c]
+    where = f"{ran[0]['platform']} ({ran[0]['device']})" if ran else "?"
+    header = (
+        f"On {where}: the bound is {bound['bound']}, {bound['rate_gb_s']:.2f} GB/s. Peak host "
+        "RSS above the call's start, against `1.10 x outputs + 1 GiB`; a host budget of half "
+        "the outputs must raise `MemoryError` before any compile, the draws intact. "
+        "`python benchmarks/host_budget.py` (docs/memory.md#the-host-memory-budget)."
+    )
+    rows = [
+        "| case | outputs | output_memory | host budget | cold | warm | of the bound, cold / warm "
+        "| peak above start | allowed | values (largest rel. diff.) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["cases"]:
+        gib = c["output_bytes"] / GiB
+        if "seconds" not in c:
+            rows.append(
+                f"| {c['case']} | {gib:.2f} GiB | {c['output_memory']} | {c['host_budget']} | "
+                f"MemoryError, {c['compiles']} compiles, draws intact: {c['draws_intact']} "
+                "| | | | | |"
+            )
+            continue
+        rows.append(
+            f"| {c['case']} | {gib:.2f} GiB | {c['output_memory']} | {c['host_budget']} | "
+            f"{c['seconds']:.2f} s | {c['warm_seconds']:.2f} s | "
+            f"{c['fraction_of_bound']:.0%} / {c['warm_fraction_of_bound']:.0%} | "
+            f"{c['peak_above_start'] / GiB:.2f} GiB | {c['allowed_above_start'] / GiB:.2f} GiB "
+            f"| {c['largest_relative_difference']:.1e} |"
+        )
+    return header, "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES))
@@ -290,6 +325,7 @@ def main() -> None:
                 print(f"{case} ({budget}): {r['memory_error'][:120]}...", file=sys.stderr)
             records.append(r)
     result = {"bound": bound, "cases": records}
+    result["header"], result["table"] = markdown(result)
     line = json.dumps(result)
     if args.out:
         Path(args.out).write_text(line + "\n")

@@ -470,6 +470,8 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     table_section("bench_predictive", "Posterior predictive"),
     table_section("bench_numpyro", "NumPyro models"),
     table_section("bench_sample_route", "pm.sample's own route, run again (parallel chains)"),
+    table_section("host_budget_cpu", "Outputs in host memory within a host budget: CPU"),
+    table_section("host_budget_tpu", "Outputs in host memory within a host budget: TPU v5e"),
 ]
 
 

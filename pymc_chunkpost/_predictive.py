@@ -20,8 +20,9 @@ which costs speed, as a one-line `UserWarning` (a log warning when `patch` route
 
 Keys: random generator `j` of the graph, in draw `i` (its index in the flattened sample
 dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
-the numbers depend on the seed and the draw alone, never on the strategy, the chunk size, the
-devices or where the outputs live, and no two draws share a stream. They differ from pymc's
+the draws depend on the seed and the draw alone, bit for bit, never on the strategy, the chunk
+size, the devices or where the outputs live, and no two draws share a stream (a function of
+several draws, such as a `Deterministic` mean, up to the order of its floating-point sum). They differ from pymc's
 for the same seed (docs/predictive.md).
 """
 
@@ -107,8 +108,9 @@ def sample_posterior_predictive(
     result (groups, names, dims, coords, dtypes and attrs; pymc 6: a `DataTree`, pymc 5: an
     `InferenceData`, or a dict of arrays with `return_inferencedata=False`). The draws come
     from the same distribution as pymc's, but not the same numbers for the same seed: draw
-    `i` draws from JAX keys made of the seed and `i` alone, so the result does not depend on
-    the strategy, the chunk size, the devices, or where the outputs live.
+    `i` draws from JAX keys made of the seed and `i` alone, so the draws do not depend on the
+    strategy, the chunk size, the devices, or where the outputs live (functions of several
+    draws, up to the order of a floating-point sum).
 
     Args:
         trace: pymc 6: a `DataTree` or `Dataset`; pymc 5: an `InferenceData` or `Dataset`;
