@@ -22,8 +22,8 @@ Keys: random generator `j` of the graph, in draw `i` (its index in the flattened
 dims), draws from the JAX key of the 64-bit seed `seed * 2**32 + i * n_generators + j`, so
 the draws depend on the seed and the draw alone, bit for bit, never on the strategy, the chunk
 size, the devices or where the outputs live, and no two draws share a stream (a function of
-several draws, such as a `Deterministic` mean, up to the order of its floating-point sum). They differ from pymc's
-for the same seed (docs/predictive.md).
+several draws, such as a `Deterministic` mean, up to the order of its floating-point sum).
+They differ from pymc's for the same seed (docs/predictive.md).
 """
 
 from __future__ import annotations
