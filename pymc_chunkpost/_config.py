@@ -97,7 +97,8 @@ class PlannerConfig:
             full rate.
         host_margin_bytes: host memory kept free beyond the outputs and the staging: the
             process's other allocations while it runs (compiles, Python, the caller's
-            arrays). A call that cannot keep it raises `MemoryError` before any work.
+            arrays), where the host's available memory is the limit (not under a user's host
+            budget). A call that cannot keep it raises `MemoryError` before any work.
 
     The online tuner:
         tune_min_seconds: other chunk sizes are tried only when at least this much work is

@@ -59,9 +59,14 @@ def host_staging_room(problem: Problem) -> int:
     """Bytes of host memory that the chunks in flight to outputs in host memory may take:
     `host_staging_bytes`, or less where the host has less beside the outputs and
     `host_margin_bytes` (negative: not even that)."""
-    config = current()
-    room = host_free_bytes() - problem.output_bytes - config.host_margin_bytes
-    return min(config.host_staging_bytes, room)
+    room = host_free_bytes() - problem.output_bytes - _host_margin()
+    return min(current().host_staging_bytes, room)
+
+
+def _host_margin() -> int:
+    """`host_margin_bytes`, kept free for the rest of the process; none under the user's
+    own host budget, which already says what our calls may take."""
+    return 0 if host_budget_setting() is not None else current().host_margin_bytes
 
 
 def check_host(problem: Problem, lanes: int = 1) -> None:
@@ -72,7 +77,7 @@ def check_host(problem: Problem, lanes: int = 1) -> None:
     if host_staging_room(problem) >= one_draw:
         return
     host = host_free_bytes()
-    needed = problem.output_bytes + one_draw + current().host_margin_bytes
+    needed = problem.output_bytes + one_draw + _host_margin()
     raise MemoryError(
         f"The outputs need {mib(problem.output_bytes)} of host memory ({problem.chains} "
         f"chains x {problem.draws} draws; {mib(needed)} with the chunks in flight and a "
@@ -85,7 +90,7 @@ def check_host(problem: Problem, lanes: int = 1) -> None:
 def host_fits(problem: Problem, staging: int) -> bool:
     """Whether host memory holds the outputs, `staging` bytes beside them (a CPU's chunks
     in flight, which live in the same memory) and `host_margin_bytes`."""
-    needed = problem.output_bytes + staging + current().host_margin_bytes
+    needed = problem.output_bytes + staging + _host_margin()
     return needed <= host_free_bytes()
 
 

@@ -126,7 +126,8 @@ def test_outputs_larger_than_the_host_raise_before_any_compile(
 
 
 def test_the_host_budget_setting_caps_the_hosts_free_memory(monkeypatch):
-    monkeypatch.delenv(_memory.HOST_BUDGET_ENV, raising=False)
+    monkeypatch.setenv(_memory.HOST_BUDGET_ENV, "1")  # recorded first: restored last
+    monkeypatch.delenv(_memory.HOST_BUDGET_ENV)
     available = _memory.host_free_bytes()
     settings = pc.configure_memory(host_budget=100 * MiB)
     assert settings == {_memory.HOST_BUDGET_ENV: str(100 * MiB)}
