@@ -41,19 +41,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _cell import run_child  # noqa: E402
 
+from pymc_chunkpost.profiling.proc import reset_peak  # noqa: E402
+from pymc_chunkpost.profiling.proc import status_bytes as _rss_bytes  # noqa: E402
+
 GiB = 2**30
 CASES = ("matvec", "many", "matrix")
 #: "tight": a host budget of the outputs and this, below the default staging and margin
 #: (`PlannerConfig.host_staging_bytes + host_margin_bytes`): the plan must shrink its chunks.
 TIGHT_EXTRA = 320 * 2**20
-
-
-def _rss_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 class _Peak:
@@ -66,8 +61,7 @@ class _Peak:
 
         self.method = "VmHWM"
         try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
+            reset_peak()
             return
         except PermissionError:
             self.method = "VmRSS every 5 ms"

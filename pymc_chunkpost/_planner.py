@@ -46,11 +46,11 @@ from ._program import Request
 from ._resources import (
     STAGED_CHUNKS,
     check_budget,
-    check_host,
     host_fits,
     host_is_the_device,
     host_staging_room,
     lanes_for,
+    output_bytes_per_draw,
     output_memory_for,
 )
 from ._tuner import CompileCandidate, Tuner
@@ -109,12 +109,9 @@ def _host_output_attempt(
     per_item = problem.per_item_bytes + problem.intermediate_bytes
     lanes, _ = lanes_for(problem)
     cpu = problem.device.platform == "cpu"
-    if held:
+    if held:  # host memory is the device's: `output_memory_for` checked the host otherwise
         check_budget(problem, budget)
-    else:
-        check_host(problem, lanes)
-    per_draw_out = -(-problem.output_bytes // max(problem.n_items, 1))
-    staged = STAGED_CHUNKS * lanes * max(per_draw_out, 1)
+    staged = STAGED_CHUNKS * lanes * output_bytes_per_draw(problem)
     host_most = n if cpu else max(1, host_staging_room(problem) // staged)
     if chunk_size is not None:
         size, why, source = min(chunk_size, n), "as requested", "requested"
@@ -136,25 +133,19 @@ def _host_output_attempt(
     while True:
         request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
         exe = _compile(call.jax_fn, problem, request)
-        # Every lane's chunk is alive at once (the draws they read, once); on a CPU, in the
-        # memory the outputs take.
-        peak = None
         if exe is not None:
+            # Every lane's chunk is alive at once (the draws they read, once); on a CPU, in
+            # the memory the outputs take.
             per_lane = max(exe.peak_bytes - problem.input_bytes // problem.n_shards, 0)
             peak = held + exe.peak_bytes + (lanes - 1) * per_lane
-        if (
-            exe is not None
-            and peak is not None
-            and peak <= call.limit
-            and (not cpu or held or host_fits(problem, peak))
-        ):
-            streams = f" by {lanes} lanes" if lanes > 1 else ""
-            reason = (
-                f"Chunks of {size} draws ({why}), each landed in host memory ({why_host})"
-                f"{streams}: {mib(peak)} on the device, within {budget_text(budget)}."
-            )
-            plan = call.plan(exe, "chunked", reason, source)
-            return Attempt(dataclasses.replace(plan, peak_bytes=peak), exe)
+            if peak <= call.limit and (not cpu or held or host_fits(problem, peak)):
+                streams = f" by {lanes} lanes" if lanes > 1 else ""
+                reason = (
+                    f"Chunks of {size} draws ({why}), each landed in host memory ({why_host})"
+                    f"{streams}: {mib(peak)} on the device, within {budget_text(budget)}."
+                )
+                plan = call.plan(exe, "chunked", reason, source)
+                return Attempt(dataclasses.replace(plan, peak_bytes=peak), exe)
         if size == 1:
             raise MemoryError(
                 "Even one draw at a time does not fit the device's memory with the outputs "

@@ -27,6 +27,7 @@ __all__ = [
     "host_staging_room",
     "host_is_the_device",
     "lanes_for",
+    "output_bytes_per_draw",
     "output_memory_for",
     "resolve_budget",
     "serial_shards",
@@ -73,7 +74,7 @@ def check_host(problem: Problem, lanes: int = 1) -> None:
     """Raise `MemoryError`, before any work, where host memory cannot hold the outputs with
     one draw's staging per lane and `host_margin_bytes` (the outputs of an accelerator,
     landed in host memory chunk by chunk)."""
-    one_draw = STAGED_CHUNKS * lanes * _output_bytes_per_draw(problem)
+    one_draw = STAGED_CHUNKS * lanes * output_bytes_per_draw(problem)
     if host_staging_room(problem) >= one_draw:
         return
     host = host_free_bytes()
@@ -94,8 +95,9 @@ def host_fits(problem: Problem, staging: int) -> bool:
     return needed <= host_free_bytes()
 
 
-def _output_bytes_per_draw(problem: Problem) -> int:
-    return -(-problem.output_bytes // max(problem.n_items, 1))
+def output_bytes_per_draw(problem: Problem) -> int:
+    """Bytes of computed outputs per draw, rounded up (at least 1)."""
+    return max(-(-problem.output_bytes // max(problem.n_items, 1)), 1)
 
 
 def _host_budget_source() -> str:
@@ -274,8 +276,7 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
                 )
                 + ". Pass `output_memory='device'` (or 'auto'). Nothing was run."
             )
-        if device.platform != "cpu":
-            check_host(problem)
+        check_host(problem, lanes_for(problem)[0])
         return "host", "as requested"
     room = per_device + problem.per_item_bytes + problem.intermediate_bytes
     fits = budget is None or room <= budget
@@ -286,7 +287,7 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
         return "device", "they fit the device's budget"
     if device.platform == "cpu" or not can_stream:
         return "device", "no host memory to stream to"  # check_budget raises what is short
-    check_host(problem)
+    check_host(problem, lanes)
     return "host", (
         f"the outputs ({mib(problem.output_bytes)}) exceed {budget_text(budget)} on the "
         f"device; host memory has {mib(host_free_bytes())} for them"

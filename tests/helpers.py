@@ -37,6 +37,21 @@ def assert_same(outputs, expected, rtol=1e-10, *, on_host=False):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=0)
 
 
+class FakeAccelerator:
+    """An accelerator as the planner sees it: a platform, a pool of `free` bytes, and pinned
+    host memory to stream to."""
+
+    def __init__(self, free, platform="gpu"):
+        self.free = free
+        self.platform = platform
+
+    def memory_stats(self):
+        return {"bytes_limit": self.free, "bytes_in_use": 0}
+
+    def addressable_memories(self):
+        return [type("Memory", (), {"kind": k})() for k in ("device", "pinned_host")]
+
+
 def problem_of(jax_fn, raw, device=None):
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
     return _problem.analyse(jax_fn, specs, device or jax.devices()[0])

@@ -15,7 +15,7 @@ import json
 import jax.numpy as jnp
 import models
 import pytest
-from helpers import count_compiles, problem_of, run_script
+from helpers import FakeAccelerator, count_compiles, problem_of, run_script
 
 import pymc_chunkpost as pc
 from pymc_chunkpost import _memory, _planner, _resources
@@ -23,21 +23,6 @@ from pymc_chunkpost._config import configured, current
 from pymc_chunkpost._problem import Placement
 
 MiB = 2**20
-
-
-class FakeTpu:
-    """An accelerator as the planner sees it: a pool, and pinned host memory to stream to."""
-
-    platform = "tpu"
-
-    def __init__(self, free):
-        self.free = free
-
-    def memory_stats(self):
-        return {"bytes_limit": self.free, "bytes_in_use": 0}
-
-    def addressable_memories(self):
-        return [type("Memory", (), {"kind": k})() for k in ("device", "pinned_host")]
 
 
 class _Asked(Exception):
@@ -67,7 +52,7 @@ def wide_problem():
 
 def _plan_on_tpu(jax_fn, problem, device_free, host_free, monkeypatch, **kwargs):
     monkeypatch.setattr(_resources, "host_free_bytes", lambda: host_free)
-    device = FakeTpu(device_free)
+    device = FakeAccelerator(device_free, "tpu")
     problem = dataclasses.replace(problem, placement=Placement(device))
     return _planner.first_attempt(jax_fn, problem, "auto", device_free, **kwargs)
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import models
 import numpy as np
 import pytest
+from helpers import FakeAccelerator as FakeGpu
 from helpers import assert_intact, assert_same, out_of_memory, problem_of, reference
 
 import pymc_chunkpost as pc
@@ -40,21 +41,6 @@ def test_float32(built):
     raw = models.raw_draws(model, 2, 9)
     outputs = pc.postprocess_samples(jax_fn, raw, None, "chunked", output_memory="host")
     assert_same(outputs, reference(jax_fn, raw), rtol=1e-6)
-
-
-class FakeGpu:
-    """An accelerator as the planner sees it: a platform, a pool, host memory to stream to."""
-
-    platform = "gpu"
-
-    def __init__(self, free):
-        self.free = free
-
-    def memory_stats(self):
-        return {"bytes_limit": self.free, "bytes_in_use": 0}
-
-    def addressable_memories(self):
-        return [type("Memory", (), {"kind": k})() for k in ("device", "pinned_host")]
 
 
 def _on(problem, device):

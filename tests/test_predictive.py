@@ -246,6 +246,39 @@ def test_same_seed_same_numbers_whatever_the_plan(hierarchical, runs):
     assert len(np.unique(reference)) == reference.size
 
 
+def test_draws_are_exact_and_their_functions_equal_up_to_the_order_of_sums():
+    """The draws depend on the seed and the draw's index alone, bit for bit; a function of
+    several draws (`m`, a mean over 200 rows) is computed by XLA in a program whose shape
+    follows the plan, and may sum in another order: equal to the rounding of that sum
+    (README, docs/predictive.md)."""
+    rows = 200
+    with pm.Model() as model:
+        y = pm.Normal("y", pm.Normal("mu"), 1.0, shape=rows)
+        pm.Deterministic("m", y.mean())
+    idata = models.posterior(model, chains=4, draws=50)
+
+    def predict(**options):
+        out = OURS(
+            idata,
+            model=model,
+            var_names=["y", "m"],
+            random_seed=3,
+            progressbar=False,
+            return_inferencedata=False,
+            **options,
+        )
+        return np.asarray(out["y"]), np.asarray(out["m"])
+
+    y, m = predict()
+    assert y.dtype == m.dtype == np.float64
+    bound = rows * np.finfo(np.float64).eps * np.abs(y).max()
+    np.testing.assert_allclose(m, y.mean(-1), rtol=0, atol=bound)
+    for options in STRATEGY_OPTIONS:
+        y_plan, m_plan = predict(**options)
+        np.testing.assert_array_equal(y_plan, y, err_msg=str(options))
+        np.testing.assert_allclose(m_plan, m, rtol=0, atol=bound, err_msg=str(options))
+
+
 def test_keys_are_jax_seeds_of_the_seed_and_the_draw():
     """With threefry, generator `j` of draw `i` uses `jax.random.key(seed * 2**32 + i * n +
     j)`: JAX's own seeding, one distinct seed per (draw, generator)."""
