@@ -30,6 +30,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _cell import run_child  # noqa: E402
 
 PLANS = ("jit_vmap", "vmap", "chunked", "chunked_host_loop")
+#: One chunk step written directly, donated outputs updated in place, to find what costs:
+#: `step_reshape` flattens `(chains, draws, rows)` to `(chains * draws, rows)` around the
+#: update (as the engine's steps do), `step_flat` updates a flat buffer, `step_block` a
+#: `(1, chunk, rows)` block of the three-axis buffer at `[chain, draw, 0]`.
+STEPS = ("step_reshape", "step_flat", "step_block")
 
 
 def _cell(plan: str, rows: int, chains: int, draws: int, chunk: int) -> dict:
@@ -47,6 +52,8 @@ def _cell(plan: str, rows: int, chains: int, draws: int, chunk: int) -> dict:
         return [x @ b]
 
     record = {"plan": plan, "rows": rows, "output_bytes": 4 * rows * chains * draws}
+    if plan in STEPS:
+        return record | _step(plan, x, beta, chunk)
     if plan == "jit_vmap":
         tic = time.perf_counter()
         compiled = jax.jit(jax.vmap(jax.vmap(fn))).lower(beta).compile()
@@ -70,12 +77,65 @@ def _cell(plan: str, rows: int, chains: int, draws: int, chunk: int) -> dict:
     return record
 
 
+def _step(plan: str, x, beta, chunk: int) -> dict:
+    """Compile and run one chunk step of `plan` (`STEPS`), the outputs donated."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    chains, draws = beta.shape[:2]
+    rows = x.shape[0]
+    chunk = min(chunk, draws)
+
+    def chunk_of(b):  # (chunk, 8) -> (chunk, rows)
+        return b @ x.T
+
+    if plan == "step_flat":
+        shape = (chains * draws, rows)
+
+        def step(out, b, start):
+            flat = b.reshape(chains * draws, 8)
+            y = chunk_of(lax.dynamic_slice_in_dim(flat, start, chunk))
+            return lax.dynamic_update_slice_in_dim(out, y, start, 0)
+
+    elif plan == "step_reshape":
+        shape = (chains, draws, rows)
+
+        def step(out, b, start):
+            flat = b.reshape(chains * draws, 8)
+            y = chunk_of(lax.dynamic_slice_in_dim(flat, start, chunk))
+            out = out.reshape(chains * draws, rows)
+            return lax.dynamic_update_slice_in_dim(out, y, start, 0).reshape(shape)
+
+    else:
+        shape = (chains, draws, rows)
+
+        def step(out, b, start):
+            c, d = start // draws, start % draws
+            y = chunk_of(lax.dynamic_slice(b, (c, d, 0), (1, chunk, 8))[0])
+            return lax.dynamic_update_slice(out, y[None], (c, d, 0))
+
+    spec = jax.ShapeDtypeStruct(shape, jnp.float32)
+    start = jnp.int32(0)
+    tic = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=0).lower(spec, beta, start).compile()
+    record = {"compile_s": time.perf_counter() - tic}
+    out = jnp.zeros(shape, jnp.float32)
+    out = compiled(out, beta, start)
+    out.block_until_ready()
+    tic = time.perf_counter()
+    out = compiled(out, beta, jnp.int32(chunk))
+    out.block_until_ready()
+    record["run_s"] = time.perf_counter() - tic
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="100000,1000000")
     parser.add_argument("--draws", default="4x500")
     parser.add_argument("--chunk", type=int, default=500)
-    parser.add_argument("--plans", default=",".join(PLANS))
+    parser.add_argument("--plans", default=",".join(PLANS), help=f"of {PLANS + STEPS}")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

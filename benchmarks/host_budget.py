@@ -284,16 +284,27 @@ def main() -> None:
     parser.add_argument("--output-memory", default="host", choices=["host", "auto"])
     parser.add_argument("--host-budget", default="auto", help="'auto', 'tight' or bytes")
     parser.add_argument("--impossible", action="store_true")
+    parser.add_argument("--land-threads", type=int, default=None, help="PlannerConfig.land_threads")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.chains, args.draws = map(int, args.draws.split("x"))
     if args.child is not None:
         args.case = args.child
-        print(json.dumps(_bound(args) if args.child == "bound" else _case(args)))
+        if args.child == "bound":
+            print(json.dumps(_bound(args)))
+            return
+        from pymc_chunkpost._config import configured
+
+        changes = {} if args.land_threads is None else {"land_threads": args.land_threads}
+        with configured(**changes):
+            record = _case(args)
+        print(json.dumps(record | changes))
         return
     common = ["--gib", str(args.gib), "--draws", f"{args.chains}x{args.draws}"]
     common += ["--output-memory", args.output_memory]
+    if args.land_threads is not None:
+        common += ["--land-threads", str(args.land_threads)]
     script = str(Path(__file__).resolve())
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     bound = run_child(script, [*common, "--child", "bound"], env)

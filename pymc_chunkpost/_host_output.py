@@ -47,6 +47,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from ._chunked import read_slice
+from ._config import current
 from ._jaxpr_eval import vmap_draws
 
 __all__ = [
@@ -288,6 +289,7 @@ def stream_to_host(
     transfer = default_transfer(device) if transfer is None else Transfer(transfer)
     pinned = SingleDeviceSharding(device, memory_kind=PINNED_HOST)
     starts = chunk_starts(n, size)
+    writers = _Writers(1 if transfer is Transfer.VIEW else current().land_threads)
 
     def dispatch(k):
         ys = compiled_chunk(samples, np.int32(starts[k]))
@@ -305,10 +307,46 @@ def stream_to_host(
             # A zero-copy view (CPU memory or pinned host memory), or the runtime's host
             # copy (DIRECT); blocks until it is ready.
             view = np.asarray(y)
-            flat[written : start + size] = view[written - start :]
+            writers.copy(flat[written : start + size], view[written - start :])
 
-    _in_lanes(dispatch, land, len(starts), int(lanes), size, n, on_progress)
+    try:
+        _in_lanes(dispatch, land, len(starts), int(lanes), size, n, on_progress)
+    finally:
+        writers.close()
     return out
+
+
+class _Writers:
+    """Host threads that write a landed chunk into its place, in slices along its first axis
+    (numpy releases the GIL for the copy): the first touch of fresh output pages, spread over
+    cores that an accelerator leaves idle. One thread: a plain assignment."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(int(threads), 1)
+        self.pool = (
+            concurrent.futures.ThreadPoolExecutor(self.threads - 1, "chunkpost-land")
+            if self.threads > 1
+            else None
+        )
+
+    def copy(self, target: np.ndarray, source: np.ndarray) -> None:
+        slices = min(self.threads, len(target), target.nbytes // current().land_slice_bytes)
+        if self.pool is None or slices < 2:
+            target[...] = source
+            return
+        bounds = [len(target) * i // slices for i in range(slices + 1)]
+
+        def write(i: int) -> None:
+            target[bounds[i] : bounds[i + 1]] = source[bounds[i] : bounds[i + 1]]
+
+        futures = [self.pool.submit(write, i) for i in range(1, slices)]
+        write(0)
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def _in_lanes(dispatch, land, n_chunks: int, lanes: int, size: int, n: int, on_progress) -> None:

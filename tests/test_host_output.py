@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from helpers import assert_same, reference
 
+from pymc_chunkpost._config import configured
 from pymc_chunkpost._host_output import (
     Transfer,
     chunk_starts,
@@ -60,6 +61,35 @@ def test_matches_pymc(built, name, chains, draws, chunk_size, transfer):
     raw = [jnp.asarray(x) for x in models.raw_draws(model, chains, draws, seed=draws)]
     expected = reference(jax_fn, raw)
     assert_same(run_host(jax_fn, raw, chunk_size, transfer), expected, on_host=True)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+@pytest.mark.parametrize("transfer", [Transfer.DIRECT, Transfer.PINNED_COPY])
+def test_chunks_written_by_several_threads_match_pymc(built, transfer, threads, monkeypatch):
+    """An accelerator's landed chunk written in slices by several threads (slices of a byte:
+    as many as the threads, or the chunk's draws): the same outputs, and the threads are
+    used (one writes the first slice, the pool the others)."""
+    from pymc_chunkpost import _host_output
+
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 31)]
+    used, submitted = set(), []
+    copy = _host_output._Writers.copy
+
+    def spy(self, target, source):
+        used.add(self.threads)
+        if self.pool is not None and not submitted:
+            submit = self.pool.submit
+            self.pool.submit = lambda *a: submitted.append(1) or submit(*a)
+            submitted.append(0)
+        return copy(self, target, source)
+
+    monkeypatch.setattr(_host_output._Writers, "copy", spy)
+    with configured(land_threads=threads, land_slice_bytes=1):
+        outputs = run_host(jax_fn, raw, 7, transfer)
+    assert_same(outputs, reference(jax_fn, raw), on_host=True)
+    assert used == {threads}
+    assert (sum(submitted) > 0) == (threads > 1)  # slices written by the pool's threads
 
 
 @pytest.mark.parametrize("transfer", list(Transfer))
