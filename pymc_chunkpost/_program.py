@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -209,11 +209,12 @@ def _stepped(per_draw: Callable, problem: Problem, request: Request) -> Program:
     ]
     index = jax.ShapeDtypeStruct((), np.int32)
     specs = _sample_specs(problem)
+    write = _write_for(problem)
     if request.segments:
-        step, call = _segment_step(per_draw, n_local, size), Call.SEGMENT
+        step, call = _segment_step(per_draw, n_local, size, write), Call.SEGMENT
         args: tuple = (out_specs, specs, index, index)
     else:
-        step, call = _chunk_step(per_draw, n_local, size), Call.CHUNK
+        step, call = _chunk_step(per_draw, n_local, size, write), Call.CHUNK
         args = (out_specs, specs, index)
     jitted = jax.jit(_per_shard(step, problem, n_mapped=2), donate_argnums=0)
     sharding = problem.placement.sharding
@@ -312,37 +313,78 @@ def _flat(xs, n: int):
     return [x.reshape((n,) + x.shape[2:]) for x in xs]  # free: a bitcast
 
 
-def _chunk_step(per_draw: Callable, n: int, size: int) -> Callable:
+class _Write(NamedTuple):
+    """How a step holds the donated `(chains, draws, ...)` outputs while it writes chunks
+    into them: `enter` gives the form it carries, `write(carried, ys, start)` writes one
+    chunk's outputs (`(size, ...)` each) at flat item `start` in place, `leave(carried,
+    outs)` gives back the outputs' own shapes."""
+
+    enter: Callable[[list], list]
+    write: Callable[[list, list, Any], list]
+    leave: Callable[[list, list], list]
+
+
+def _write_for(problem: Problem) -> _Write:
+    """How a step writes its chunk into the outputs: through their flat `(chains * draws,
+    ...)` view on a CPU, where that view is free (a bitcast); elsewhere row by row at each
+    item's `(chain, draw)`, never viewing the whole buffer flat.
+
+    Invariant: off a CPU no step views the whole outputs flat. On a TPU that view is a
+    relayout of all of them (the tiles of their last two axes change), and XLA's compile
+    of a step that takes it grows with the buffer (docs/decisions.md, "A chunked step that
+    carries the whole output buffer").
+    """
+    if problem.device.platform == "cpu":
+        n = problem.n_local
+        return _Write(lambda outs: _flat(outs, n), _write_flat, _unflat)
+    return _Write(list, _write_rows, lambda carried, outs: carried)
+
+
+def _unflat(carried: list, outs: list) -> list:
+    return [c.reshape(o.shape) for c, o in zip(carried, outs)]
+
+
+def _write_flat(flat_outs: list, ys: list, start: Any) -> list:
+    return [write_slice(o, y, start, 0) for o, y in zip(flat_outs, ys)]
+
+
+def _write_rows(outs: list, ys: list, start: Any) -> list:
+    written = []
+    for o, y in zip(outs, ys):
+        items = start + jnp.arange(y.shape[0])
+        at = o.at[items // o.shape[1], items % o.shape[1]]
+        written.append(at.set(y, indices_are_sorted=True, unique_indices=True))
+    return written
+
+
+def _chunk_step(per_draw: Callable, n: int, size: int, write: _Write) -> Callable:
     """One chunk of `size` draws at item `start` (clamped so it fits): evaluate it and write it
-    into the donated outputs, in place. Straight-line code: it compiles like the loop-free
-    vmap, where XLA's loops over many buffers compile for minutes (docs/strategies.md)."""
+    into the donated outputs, in place (`write`). Straight-line code: it compiles like the
+    loop-free vmap, where XLA's loops over many buffers compile for minutes
+    (docs/strategies.md)."""
 
     def step(outs, samples, start):
-        flat, flat_outs = _flat(samples, n), _flat(outs, n)
+        flat = _flat(samples, n)
         start = jnp.minimum(start, n - size)
         ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
-        flat_outs = [write_slice(o, y, start, 0) for o, y in zip(flat_outs, ys)]
-        return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
+        return write.leave(write.write(write.enter(outs), ys, start), outs)
 
     return step
 
 
-def _segment_step(per_draw: Callable, n: int, size: int) -> Callable:
+def _segment_step(per_draw: Callable, n: int, size: int, write: _Write) -> Callable:
     """`count` chunks of the "chunked" XLA loop from item `start` on (each start clamped so
-    the chunk fits: the last overlaps the one before), written into the donated outputs.
-    Segments of different chunk sizes tile the draws one after the other."""
-
-    def chunk(flat, outs, start):
-        ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
-        return [write_slice(o, y, start, 0) for o, y in zip(outs, ys)]
+    the chunk fits: the last overlaps the one before), written into the donated outputs
+    (`write`). Segments of different chunk sizes tile the draws one after the other."""
 
     def step(outs, samples, start, count):
         flat = _flat(samples, n)
 
-        def body(i, outs):
-            return chunk(flat, outs, jnp.minimum(start + i * size, n - size))
+        def body(i, carried):
+            at = jnp.minimum(start + i * size, n - size)
+            ys = vmap_draws(per_draw, 1)(*[read_slice(x, at, size, 0) for x in flat])
+            return write.write(carried, ys, at)
 
-        flat_outs = lax.fori_loop(0, count, body, _flat(outs, n))
-        return [o.reshape(old.shape) for o, old in zip(flat_outs, outs)]
+        return write.leave(lax.fori_loop(0, count, body, write.enter(outs)), outs)
 
     return step

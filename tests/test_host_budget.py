@@ -50,6 +50,11 @@ def wide_problem():
     return jax_fn, problem
 
 
+def _plenty(problem):
+    """Host memory far beyond the outputs, the staging and the margin."""
+    return current().host_margin_bytes + 100 * problem.output_bytes
+
+
 def _plan_on_tpu(jax_fn, problem, device_free, host_free, monkeypatch, **kwargs):
     monkeypatch.setattr(_resources, "host_free_bytes", lambda: host_free)
     device = FakeAccelerator(device_free, "tpu")
@@ -63,7 +68,7 @@ def test_an_accelerators_chunk_is_bounded_by_the_hosts_staging(wide_problem, ask
     device_free = problem.output_bytes * 9 // 10  # the outputs go to the host
     with configured(host_staging_bytes=64 * per_draw * _resources.STAGED_CHUNKS):
         with pytest.raises(_Asked):  # plenty of host memory: the staging bound rules
-            _plan_on_tpu(jax_fn, problem, device_free, 100 * problem.output_bytes, monkeypatch)
+            _plan_on_tpu(jax_fn, problem, device_free, _plenty(problem), monkeypatch)
         assert asked[-1] == 64
         # Less host memory beside the outputs than the staging bound: it rules.
         room = 10 * per_draw * _resources.STAGED_CHUNKS
@@ -85,7 +90,7 @@ def test_a_requested_chunk_too_large_for_the_host_is_shrunk(wide_problem, asked,
                 jax_fn,
                 problem,
                 problem.output_bytes * 4,
-                100 * problem.output_bytes,
+                _plenty(problem),
                 monkeypatch,
                 chunk_size=500,
                 output_memory="host",

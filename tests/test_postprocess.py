@@ -236,3 +236,46 @@ def test_end_to_end_numpyro_through_pymc():
     outputs = pc.postprocess_samples(jax_fn, raw, None, "auto", True)
     assert_same(outputs, expected)
     assert outputs[-1].shape == (2, 25, 50)
+
+
+@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize("chunk_size", [7, 40])  # 7 spans chains and overlaps the last chunk
+def test_accelerators_write_chunks_row_by_row_without_a_flat_view(
+    built, monkeypatch, chunk_size, segments
+):
+    """Off a CPU the stepped programs write each chunk at its items' (chain, draw), never
+    through a flat view of the whole outputs (docs/decisions.md): run here on the CPU by
+    giving it that writer; the outputs equal pymc's, and the compiled step holds no reshape
+    of an output-sized buffer."""
+    from pymc_chunkpost import _config, _program
+
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 20)]
+    cpu_writer = _program._write_for
+
+    def rows(problem):
+        return _program._Write(list, _program._write_rows, lambda carried, outs: carried)
+
+    monkeypatch.setattr(_program, "_write_for", rows)
+    pc.clear_caches()
+    options = {"progressbar": True} if segments else {}
+    with _config.configured(host_loop_many_buffers=-1 if not segments else 10**6):
+        outputs, plan = run(
+            jax_fn, raw, None, "chunked", chunk_size=chunk_size, output_memory="device", **options
+        )
+    assert plan.loop == ("xla" if segments else "host")
+    assert_same(outputs, reference(jax_fn, raw))
+    problem = problem_of(jax_fn, raw)
+    big = max((problem.out_specs[j].shape for j in problem.computed), key=np.prod)
+    assert len(big) == 3  # a (chains, draws, rows) output: its flat view is (chains * draws, rows)
+    for writer in (rows(problem), cpu_writer(problem)):
+        per_draw = _program._per_draw(jax_fn, problem)
+        step = _program._chunk_step(per_draw, problem.n_local, chunk_size, writer)
+        specs = [
+            jax.ShapeDtypeStruct(problem.out_specs[j].shape, problem.out_specs[j].dtype)
+            for j in problem.computed
+        ]
+        text = jax.jit(step).lower(specs, _program._sample_specs(problem), jnp.int32(0)).as_text()
+        flat = f"tensor<{big[0] * big[1]}x{big[2]}x"
+        assert (flat in text) == (writer.write is _program._write_flat), text[:200]
+    pc.clear_caches()
