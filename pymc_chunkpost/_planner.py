@@ -160,11 +160,15 @@ def loop_for(problem: Problem) -> Loop:
     """The loop that chunks of `problem` run in: the one place this is decided.
 
     An XLA loop, as `jax.lax.map` runs it (for `auto`, dispatched in segments, so that the
-    tuner can change the chunk size between them), except on a model with many buffers,
-    whose XLA loops take minutes to compile: there the host calls one straight-line chunk
-    step per chunk.
+    tuner can change the chunk size between them), except where the host calls one
+    straight-line chunk step per chunk: on a model with many buffers, whose XLA loops take
+    minutes to compile, and for random draws on a CPU (`Problem.random`), whose elementwise
+    work XLA's CPU runtime spreads over the cores outside its loops only
+    (docs/predictive.md, "Chunks of random draws on a CPU").
     """
     if problem.n_buffers > current().host_loop_many_buffers:
+        return Loop.HOST
+    if problem.random and problem.device.platform == "cpu":
         return Loop.HOST
     return Loop.XLA
 
@@ -289,9 +293,11 @@ def _rule_chunk(
     n = problem.n_local
     size, why = _fast_chunk_size(problem, per_item_temp, budget)
     if loop is Loop.HOST:
-        most = current().host_loop_max_chunks
+        config = current()
+        most = config.random_max_chunks if problem.random else config.host_loop_max_chunks
         size = max(size, -(-n // most))
-        why += f"; a host loop of at most {most} chunks over {problem.n_buffers} buffers"
+        over = "of random draws" if problem.random else f"over {problem.n_buffers} buffers"
+        why += f"; a host loop of at most {most} chunks {over}"
     return _rule_divisor(n, size), why
 
 

@@ -165,14 +165,17 @@ def run(
     output_memory: str = "auto",
     progress_label: str = "Transforming variables",
     serial: bool = False,
+    random: bool = False,
 ) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
     progress bar (each route says what it computes). `serial`: `jax_fn`, mapped, computes
-    one draw at a time (`Problem.serial`)."""
+    one draw at a time (`Problem.serial`); `random`: it draws random numbers
+    (`Problem.random`)."""
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    problem = dataclasses.replace(problem, serial=True) if serial else problem
+    if serial or random:
+        problem = dataclasses.replace(problem, serial=serial, random=random)
     one_by_one = _resources.serial_shards(problem)
     if one_by_one is not None:
         return _run_shard_by_shard(
@@ -188,6 +191,7 @@ def run(
             progressbar=progressbar,
             output_memory=output_memory,
             progress_label=progress_label,
+            random=random,
         )
     if strategy in CHUNK_STRATEGIES:
         problem = _resources.spread(problem)

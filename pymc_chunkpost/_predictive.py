@@ -803,6 +803,7 @@ def _evaluate(
         strategy,
         False,
         progress_label=f"Sampling {', '.join(built.output_names)}",
+        random=True,
         **ours,
     )
     values_by_name: dict[str, np.ndarray] = {}

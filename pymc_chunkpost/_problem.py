@@ -116,6 +116,10 @@ class Problem:
         serial: the function, mapped, computes one draw at a time (a loop of programs of one
             draw, as numpyro's route does for numpyro's numbers), which XLA runs on one
             thread (`_resources.lanes_for`).
+        random: the function draws random numbers (the predictive route): its work is
+            hashing keys into bits and writing draws, elementwise, which XLA's CPU runtime
+            spreads over the cores in a straight-line program and not inside its loop
+            (`_planner.loop_for`).
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -128,6 +132,7 @@ class Problem:
     jaxpr: Any = dataclasses.field(default=None, compare=False, repr=False)
     gathered_bytes: int = dataclasses.field(default=0, compare=False)
     serial: bool = False
+    random: bool = False
 
     @property
     def device(self) -> jax.Device:

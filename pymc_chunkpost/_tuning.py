@@ -43,6 +43,8 @@ def tuning_key(problem: Problem, request: str) -> str:
         request,
         problem.fingerprint,
     ]
+    if problem.random:  # planned otherwise than before `Problem.random`: a key of its own
+        parts.append("random")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 

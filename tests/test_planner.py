@@ -725,3 +725,23 @@ def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monk
     size, why = _planner._fast_chunk_size(problem, 0.0, None)
     assert size == 8 * 2**20 // together // per_item
     assert ("running at once" in why) == (together > 1)
+
+
+def test_random_draws_on_a_cpu_run_in_a_host_loop():
+    """The predictive route's random draws: a host loop of straight-line chunk steps on a
+    CPU (XLA's CPU runtime spreads their elementwise work over the cores outside its loops
+    only), an XLA loop elsewhere and for everything else; their tuning has a key of its own."""
+    from helpers import FakeAccelerator
+
+    from pymc_chunkpost import _tuning
+    from pymc_chunkpost._problem import Placement
+    from pymc_chunkpost._types import Loop
+
+    model = models.data_regression(n_obs=50)
+    problem = problem_of(models.jax_fn(model), models.raw_draws(model, 2, 10))
+    random = dataclasses.replace(problem, random=True)
+    assert _planner.loop_for(problem) is Loop.XLA
+    assert _planner.loop_for(random) is Loop.HOST
+    on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
+    assert _planner.loop_for(on_tpu) is Loop.XLA
+    assert _tuning.tuning_key(random, "auto") != _tuning.tuning_key(problem, "auto")

@@ -628,3 +628,11 @@ def test_the_progress_bar_says_what_is_drawn(hierarchical, capsys):
     )
     err = capsys.readouterr().err
     assert "Sampling y" in err and "Transforming variables" not in err
+
+
+def test_the_route_says_its_draws_are_random(hierarchical, runs):
+    """The engine is told the program draws random numbers (`Problem.random`: a host loop
+    of chunks on a CPU, `_planner.loop_for`)."""
+    model, idata = hierarchical
+    OURS(idata, model=model, progressbar=False, random_seed=1, postprocessing_vectorize="auto")
+    assert runs and all(call["random"] is True for call in runs)
