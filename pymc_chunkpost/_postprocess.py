@@ -174,8 +174,7 @@ def run(
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    if serial or random:
-        problem = dataclasses.replace(problem, serial=serial, random=random)
+    problem = dataclasses.replace(problem, serial=serial, random=random)
     one_by_one = _resources.serial_shards(problem)
     if one_by_one is not None:
         return _run_shard_by_shard(
@@ -191,7 +190,6 @@ def run(
             progressbar=progressbar,
             output_memory=output_memory,
             progress_label=progress_label,
-            random=random,
         )
     if strategy in CHUNK_STRATEGIES:
         problem = _resources.spread(problem)
@@ -295,7 +293,14 @@ def _run_shard_by_shard(
     plans: list[Plan] = []
     for local in shards.values():
         outputs, shard_plan = run(
-            jax_fn, local, None, strategy, False, memory_budget=budget, **options
+            jax_fn,
+            local,
+            None,
+            strategy,
+            False,
+            memory_budget=budget,
+            random=problem.random,
+            **options,
         )
         results.append(outputs)
         plans.append(shard_plan)
