@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="the JSON file (default: benchmarks/results)")
     parser.add_argument("--note", default="", help="a note on the machine, kept in the JSON")
+    parser.add_argument("--measures", default="time,memory", help="'time' where memray is absent")
     parser.add_argument(
         "--child", nargs=3, metavar=("CASE", "METHOD", "MEASURE"), help=argparse.SUPPRESS
     )
@@ -164,17 +165,16 @@ def main() -> None:
         for case in cases:
             for method in methods:
                 run = {"repeat": repeat}
-                for measure in ("time", "memory"):  # each in a fresh process, an empty cache
+                for measure in args.measures.split(","):  # each fresh, with an empty cache
                     with tempfile.TemporaryDirectory() as cache:
                         env = {"PYMC_CHUNKPOST_CACHE_DIR": cache}
                         run |= run_child(__file__, ["--child", case, method, measure], env)
                 runs.append(run)
-                print(
-                    f"{case:14s} {method:16s} cold {run['cold_s']:6.2f} s  warm "
-                    f"{run['warm_s']:6.3f} s  peak {run['cold_peak'] / run['floor']:5.2f}x / "
-                    f"{run['warm_peak'] / run['floor']:5.2f}x of {run['floor'] / 2**20:,.1f} MiB",
-                    flush=True,
-                )
+                print(json.dumps(run), flush=True)
+                if "memory" not in args.measures:
+                    Path(args.out or "bench_numpyro_time.json").write_text(json.dumps(runs))
+    if "memory" not in args.measures:
+        return  # the table reads both measures
     table = report(runs, cases, methods)
     print(table)
     first = runs[0]

@@ -34,6 +34,12 @@ from pathlib import Path
 
 CASES = ("pymc", "cold", "warm")
 MODELS = ("untransformed", "regression")
+#: Accelerator cases (issues 49 and 50): a 500-row regression with 8 coefficients and one
+#: float32 `Deterministic` `Xbig @ beta` of `rows x 8`: 8 GB at 1,000,000 rows over 4 x 500
+#: draws (larger than pymc's vmap can hold beside it on a 16 GiB chip at 1,100,000 rows and
+#: 4 x 1,000 draws: 17.6 GB).
+#: `tiny_det` is the same at 20,000 rows, for a try-out on a CPU.
+BIG_ROWS = {"big_det": 1_000_000, "huge_det": 1_100_000, "tiny_det": 20_000}
 
 
 def build(name: str):
@@ -46,6 +52,13 @@ def build(name: str):
             beta = pm.Normal("beta", 0.0, 1.0, shape=3)
             x = rng.normal(size=(200, 3))
             pm.Normal("y", x @ beta, 1.0, observed=x @ [1.0, -1.0, 0.5] + rng.normal(size=200))
+        elif name in BIG_ROWS:
+            x = rng.normal(size=(500, 8)).astype("float32")
+            beta = pm.Normal("beta", 0.0, 1.0, shape=8)
+            sigma = pm.HalfNormal("sigma", 1.0)
+            pm.Normal("y", x @ beta, sigma, observed=x @ np.ones(8) + rng.normal(size=500))
+            xbig = rng.normal(size=(BIG_ROWS[name], 8)).astype("float32")
+            pm.Deterministic("big", pm.math.dot(xbig, beta))
         else:
             x = rng.normal(size=2000)
             beta = pm.Normal("beta", 0.0, 1.0, shape=2)
@@ -55,7 +68,7 @@ def build(name: str):
     return model
 
 
-def child(case: str, name: str, draws: int) -> dict:
+def child(case: str, name: str, draws: int, tune: int) -> dict:
     """One case, in this process: the seconds spent post-processing and in `pm.sample`."""
     import pymc as pm
     import pymc.sampling.jax as pmjax
@@ -83,7 +96,12 @@ def child(case: str, name: str, draws: int) -> dict:
         return outputs, plan
 
     _postprocess.run = recorded
+    import jax
+
     model = build(name)
+    options: dict = {"idata_kwargs": {"log_likelihood": name not in BIG_ROWS}}
+    if jax.device_count() < 4:  # one accelerator: its chains vectorized, as users run them
+        options["nuts_sampler_kwargs"] = {"chain_method": "vectorized"}
     with warnings.catch_warnings(record=True) as caught, model:
         warnings.simplefilter("always")
         tic = time.perf_counter()
@@ -91,14 +109,18 @@ def child(case: str, name: str, draws: int) -> dict:
             nuts_sampler="numpyro",
             chains=4,
             draws=draws,
-            tune=200,
+            tune=tune,
             random_seed=1,
             progressbar=False,
             compute_convergence_checks=False,
-            idata_kwargs={"log_likelihood": True},
+            **options,
         )
         total = time.perf_counter() - tic
+    status = Path("/proc/self/status").read_text()
+    peak = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), 0)
     return {
+        "platform": jax.default_backend(),
+        "peak_rss_bytes": int(peak) * 1024,
         "postprocess_seconds": sum(post_seconds),
         "sample_seconds": total,
         "loaded": sum("loaded from disk" in r for r in reasons),
@@ -107,11 +129,13 @@ def child(case: str, name: str, draws: int) -> dict:
     }
 
 
-def run_case(case: str, name: str, draws: int, cache: Path) -> dict:
+def run_case(case: str, name: str, draws: int, tune: int, cache: Path) -> dict:
     env = {**os.environ, "PYMC_CHUNKPOST_CACHE_DIR": str(cache)}
     env.pop("XLA_FLAGS", None)  # pymc's own: 100 CPU devices
-    command = [sys.executable, __file__, "--child", case, name, str(draws)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    command = [sys.executable, __file__, "--child", case, name, str(draws), str(tune)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # e.g. pymc's vmap out of an accelerator's memory: said, not fatal
+        return {"error": "\n".join(done.stderr.strip().splitlines()[-6:])}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -136,7 +160,12 @@ def table(results: dict) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for name, by_case in results.items():
-        for case, runs in by_case.items():
+        for case, all_runs in by_case.items():
+            runs = [r for r in all_runs if "error" not in r]
+            if not runs:
+                error = all_runs[0]["error"].splitlines()[-1][:120]
+                lines.append(f"| {name} | {case} | failed: {error} | | | |")
+                continue
             post = [r["postprocess_seconds"] for r in runs]
             total = [r["sample_seconds"] for r in runs]
             loaded = f"{sum(r['loaded'] for r in runs)}/{sum(r['plans'] for r in runs)}"
@@ -152,24 +181,33 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--draws", type=int, default=1000)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--tune", type=int, default=200)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"of {MODELS + tuple(BIG_ROWS)}")
+    parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--child", nargs=3, metavar=("CASE", "MODEL", "DRAWS"))
+    parser.add_argument("--child", nargs=4, metavar=("CASE", "MODEL", "DRAWS", "TUNE"))
     args = parser.parse_args(argv)
     if args.child:
-        case, name, draws = args.child
-        print(json.dumps(child(case, name, int(draws))))
+        case, name, draws, tune = args.child
+        print(json.dumps(child(case, name, int(draws), int(tune))))
         return
-    models = args.models.split(",")
-    unknown = sorted(set(models) - set(MODELS))
+    models, cases = args.models.split(","), args.cases.split(",")
+    unknown = sorted(set(models) - set(MODELS) - set(BIG_ROWS)) + sorted(set(cases) - set(CASES))
     if unknown or args.repeats < 1:
-        parser.error(f"--models takes {', '.join(MODELS)}; --repeats >= 1 (got {unknown})")
-    results: dict = {name: {case: [] for case in CASES} for name in models}
+        parser.error(
+            f"--models takes {MODELS + tuple(BIG_ROWS)}, --cases {CASES}; "
+            f"--repeats >= 1 (got {unknown})"
+        )
+    results: dict = {name: {case: [] for case in cases} for name in models}
     for _ in range(args.repeats):
         for name in models:
             with tempfile.TemporaryDirectory() as cache:
-                for case in CASES:  # warm reuses the folder its cold run left
-                    results[name][case].append(run_case(case, name, args.draws, Path(cache)))
+                for case in cases:  # warm reuses the folder its cold run left
+                    run = run_case(case, name, args.draws, args.tune, Path(cache))
+                    results[name][case].append(run)
+                    print(
+                        json.dumps({"model": name, "case": case} | run), file=sys.stderr, flush=True
+                    )
     text = table(results)
     print(text)
     if args.json:

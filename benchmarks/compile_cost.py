@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _cell import run_child  # noqa: E402
 
-PLANS = ("jit_vmap", "vmap", "chunked", "chunked_host_loop")
+PLANS = ("jit_vmap", "vmap", "chunked", "chunked_host_loop", "auto")
 #: One chunk step written directly, donated outputs updated in place, to find what costs:
 #: `step_reshape` flattens `(chains, draws, rows)` to `(chains * draws, rows)` around the
 #: update (as the engine's steps do), `step_flat` updates a flat buffer, `step_block` a

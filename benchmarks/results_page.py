@@ -473,6 +473,7 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     table_section("predictive_sweep", "The predictive route's plans: auto against each fixed plan"),
     table_section("host_budget_cpu", "Outputs in host memory within a host budget: CPU"),
     table_section("host_budget_tpu", "Outputs in host memory within a host budget: TPU v5e"),
+    table_section("accelerator_check_tpu", "The routes on a TPU v5e: compiles, cold and warm"),
 ]
 
 

@@ -145,9 +145,20 @@ def program_for(jax_fn: Callable, problem: Problem, request: Request) -> Program
     per_draw = _per_draw(jax_fn, problem)
     if request.output_memory == "host":
         return _to_host(per_draw, problem, request)
-    if request.loop is Loop.HOST or request.segments:
+    if request.loop is Loop.HOST or request.segments or _segmented_off_cpu(problem, request):
         return _stepped(per_draw, problem, request)
     return _whole(per_draw, problem, request)
+
+
+def _segmented_off_cpu(problem: Problem, request: Request) -> bool:
+    """Whether "chunked"'s XLA loop runs as one segment of the stepped program: off a CPU,
+    where the loop of `_strategies` would carry its outputs flat (`_write_for`)."""
+    return (
+        request.strategy == "chunked"
+        and request.loop is Loop.XLA
+        and request.chunk_size is not None
+        and problem.device.platform != "cpu"
+    )
 
 
 def _per_draw(jax_fn: Callable, problem: Problem) -> Callable:
@@ -210,7 +221,7 @@ def _stepped(per_draw: Callable, problem: Problem, request: Request) -> Program:
     index = jax.ShapeDtypeStruct((), np.int32)
     specs = _sample_specs(problem)
     write = _write_for(problem)
-    if request.segments:
+    if request.loop is Loop.XLA:  # segments; one for all chunks without progress or tuner
         step, call = _segment_step(per_draw, n_local, size, write), Call.SEGMENT
         args: tuple = (out_specs, specs, index, index)
     else:

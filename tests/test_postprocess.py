@@ -265,6 +265,15 @@ def test_accelerators_write_chunks_row_by_row_without_a_flat_view(
         )
     assert plan.loop == ("xla" if segments else "host")
     assert_same(outputs, reference(jax_fn, raw))
+    # "chunked" without progress: an XLA loop, run off a CPU as one segment of the step.
+    monkeypatch.setattr(_program, "_segmented_off_cpu", lambda problem, request: True)
+    pc.clear_caches()
+    with _config.configured(host_loop_many_buffers=10**6):
+        outputs, plan = run(jax_fn, raw, None, "chunked", chunk_size=chunk_size)
+    assert plan.loop == "xla"
+    assert_same(outputs, reference(jax_fn, raw))
+    request = _program.Request("chunked", pc.Loop.XLA, chunk_size)
+    assert _program.program_for(jax_fn, problem_of(jax_fn, raw), request).call.name == "SEGMENT"
     problem = problem_of(jax_fn, raw)
     big = max((problem.out_specs[j].shape for j in problem.computed), key=np.prod)
     assert len(big) == 3  # a (chains, draws, rows) output: its flat view is (chains * draws, rows)

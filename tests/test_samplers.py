@@ -177,3 +177,27 @@ def test_symbolic_distributions_draw_as_pm_draw():
         p_values += found
         names += [name] * len(found)
     assert [names[i] for i in holm_rejects(p_values, alpha=1e-3)] == []
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu", "cuda"])
+def test_draws_compute_apart_from_their_parameters_off_a_cpu(platform):
+    """Off a CPU a sampler's parameters and its draw pass optimisation barriers, so that XLA
+    computes the random bits in fusions of their own (`_samplers._apart`); on a CPU nothing
+    stands between them. Lowered for each platform here, on the CPU."""
+    import jax.numpy as jnp
+
+    sample = _samplers.sampler_for(ptr.normal)
+    x = np.ones((50, 3), np.float32)
+
+    def draw(key_data, b):
+        key = jax.random.wrap_key_data(key_data)
+        return sample(key, (50,), jnp.float32, x @ b, jnp.float32(1.0))
+
+    specs = (jax.ShapeDtypeStruct((2,), np.uint32), jax.ShapeDtypeStruct((3,), np.float32))
+    text = jax.export.export(jax.jit(draw), platforms=[platform])(*specs).mlir_module()
+    barriers = text.count("optimization_barrier")
+    assert barriers == 0 if platform == "cpu" else barriers >= 2
+    key_data = np.array([0, 7], np.uint32)
+    b = np.arange(3, dtype=np.float32)
+    expected = x @ b + jax.random.normal(jax.random.wrap_key_data(key_data), (50,), jnp.float32)
+    np.testing.assert_allclose(jax.jit(draw)(key_data, b), expected, rtol=1e-6, atol=1e-6)
