@@ -1,10 +1,12 @@
 """The predictive route's time against its chunk size, beside `vmap` and `auto`.
 
     python benchmarks/predictive_sweep.py [--cases hier_2k,hier_20k,ar_500]
+        [--cases logistic_5k,poisson_groups_10k,studentt_8k]
         [--sizes 40,100,250,500,1000,2000] [--repeats 2] [--json FILE]
 
 Each (case, plan) runs in a fresh process with an empty cache folder: the model and its
-4 x 1000-draw posterior are built (`bench_predictive.build`), JAX's first lowering is paid on
+4 x 1000-draw posterior are built (`bench_predictive.build`, or `build_unseen` for the
+models the route was never tuned on, `UNSEEN`), JAX's first lowering is paid on
 a trivial function, then `pymc_chunkpost.sample_posterior_predictive` is called three times:
 the first call's time is `cold`, the best of the other two `warm`. Plans: `auto`, `vmap`,
 and `chunked` at each size. The table gives each plan's times over the best fixed plan's
@@ -28,10 +30,59 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _cell import run_child  # noqa: E402
 
+#: Models the route was never tuned on (issue 51's acceptance): a Bernoulli logistic
+#: regression (5,000 rows, 10 coefficients), a Poisson regression with 50 group effects
+#: (10,000 rows), and StudentT observations with a per-row scale (8,000 rows: gamma draws).
+UNSEEN = ("logistic_5k", "poisson_groups_10k", "studentt_8k")
+
+
+def build_unseen(case: str):
+    """The model and a seeded (4, 1000) posterior Dataset of its free variables."""
+    import numpy as np
+    import pymc as pm
+    import xarray as xr
+
+    rng = np.random.default_rng(1)
+    chains, draws = 4, 1000
+    dims = ("chain", "draw")
+    with pm.Model() as model:
+        if case == "logistic_5k":
+            x = rng.normal(size=(5000, 10))
+            beta = pm.Normal("beta", 0.0, 1.0, shape=10)
+            pm.Bernoulli("y", logit_p=x @ beta, observed=rng.integers(0, 2, 5000))
+            post = {"beta": ((*dims, "beta_dim_0"), rng.normal(0, 0.3, (chains, draws, 10)))}
+        elif case == "poisson_groups_10k":
+            group = rng.integers(0, 50, 10000)
+            x = rng.normal(size=10000)
+            a = pm.Normal("a", 0.0, 1.0, shape=50)
+            b = pm.Normal("b", 0.0, 1.0)
+            pm.Poisson("y", pm.math.exp(a[group] + b * x), observed=rng.poisson(2.0, 10000))
+            post = {
+                "a": ((*dims, "a_dim_0"), rng.normal(0.7, 0.1, (chains, draws, 50))),
+                "b": (dims, rng.normal(0.2, 0.05, (chains, draws))),
+            }
+        else:
+            x = rng.normal(size=8000)
+            w = rng.uniform(0.5, 2.0, 8000)
+            mu = pm.Normal("mu", 0.0, 1.0)
+            nu = pm.Gamma("nu", 2.0, 0.1)
+            sigma = pm.HalfNormal("sigma", 1.0)
+            pm.StudentT("y", nu=nu, mu=mu + x, sigma=sigma * w, observed=rng.normal(size=8000))
+            post = {
+                "mu": (dims, rng.normal(0, 0.1, (chains, draws))),
+                "nu": (dims, rng.uniform(3, 10, (chains, draws))),
+                "sigma": (dims, np.abs(rng.normal(1, 0.1, (chains, draws)))),
+            }
+    coords = {"chain": np.arange(chains), "draw": np.arange(draws)}
+    return model, xr.Dataset(post, coords=coords)
+
 
 def _cell(case: str, plan: str) -> dict:
     import jax
-    from bench_predictive import build
+    from bench_predictive import build as build_seen
+
+    def build(case):
+        return build_unseen(case) if case in UNSEEN else build_seen(case)
 
     import pymc_chunkpost as pc
     from pymc_chunkpost import _postprocess

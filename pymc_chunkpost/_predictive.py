@@ -672,7 +672,7 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
         jax.eval_shape(built.fn, key_spec, *specs)
     except jax.errors.ConcretizationTypeError as error:
         return f"a random variable's size is not static: {str(error).splitlines()[0]}"
-    except NotImplementedError as error:  # e.g. JAX's Poisson under another PRNG than threefry
+    except NotImplementedError as error:  # e.g. a pytensor Op that JAX has no dispatch for
         return f"no JAX implementation: {str(error).splitlines()[0]}"
     except (ValueError, TypeError) as error:
         # Shapes that do not broadcast: pytensor raises ValueError as it rebuilds the graph at

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtr, ndtri
 
-from ._compat import UNROLLED_THREEFRY, unrolled_threefry
+from ._compat import unrolled_threefry
 
 __all__ = ["SAMPLERS", "sampler_for"]
 
@@ -35,36 +35,73 @@ def _broadcast(batch_shape: tuple[int, ...], *params: Any) -> list[jax.Array]:
     return [jnp.broadcast_to(p, batch_shape) for p in params]
 
 
+#: Marsaglia-Tsang rounds over the whole array, outside any loop, before the compaction.
+_GAMMA_STRAIGHT_ROUNDS = 1
+#: The draws still pending after them that the compacted rounds take: `n // 8 + 64`.
+_GAMMA_COMPACT_DIVISOR, _GAMMA_COMPACT_EXTRA = 8, 64
+
+
 def _log_gamma(key, alpha, shape, dtype):
     """`log` of standard gamma draws (shape `alpha`, scale 1), vectorised.
 
-    Marsaglia and Tsang (2000) on the whole array, round after round until every element is
-    accepted (each round accepts 95-99% of what is left); `alpha < 1` is boosted to
-    `alpha + 1` and scaled by `U^(1/alpha)`, in log space, so that small shapes underflow
-    neither here nor in the ratios built on it (beta, Dirichlet). JAX's own gamma runs a
-    loop per element on the CPU, slower to run and to compile (docs/predictive.md).
+    Marsaglia and Tsang (2000): each round draws a candidate for every pending element and
+    accepts 95-99% of them; `alpha < 1` is boosted to `alpha + 1` and scaled by
+    `U^(1/alpha)`, in log space, so that small shapes underflow neither here nor in the
+    ratios built on it (beta, Dirichlet). The first `_GAMMA_STRAIGHT_ROUNDS` rounds run on
+    the whole array outside any loop; the few elements left are gathered into a small array
+    whose rounds loop until all are accepted; a last loop over the whole array takes any
+    that did not fit (it runs no round unless more than `n // 8 + 64` were left). XLA's
+    CPU runtime runs a loop's elementwise work on one thread, and a loop over the whole
+    array made a StudentT predictive 8x slower than pymc's numba (docs/decisions.md).
+    JAX's own gamma runs a loop per element on the CPU, slower to run and to compile.
     """
     alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype), shape)
+    n = int(np.prod(shape, dtype=np.int64))
     boost = alpha < 1
-    d = jnp.where(boost, alpha + 1, alpha) - 1.0 / 3.0
+    d = (jnp.where(boost, alpha + 1, alpha) - 1.0 / 3.0).reshape(n)
     c = 1.0 / jnp.sqrt(9.0 * d)
 
-    def pending(state):
-        return ~jnp.all(state[2])
-
-    def round_(state):
-        i, log_value, done = state
+    def round_(i, d, c, log_value, done):
         key_z, key_u = jax.random.split(jax.random.fold_in(key, i))
-        z = jax.random.normal(key_z, shape, dtype)
-        u = jax.random.uniform(key_u, shape, dtype)
+        z = jax.random.normal(key_z, d.shape, dtype)
+        u = jax.random.uniform(key_u, d.shape, dtype)
         v = (1 + c * z) ** 3
         log_v = jnp.log(jnp.where(v > 0, v, 1))
         accept = (v > 0) & (jnp.log(u) < 0.5 * z * z + d - d * v + d * log_v)
         log_value = jnp.where(done | ~accept, log_value, jnp.log(d) + log_v)
-        return i + 1, log_value, done | accept
+        return log_value, done | accept
 
-    start = (jnp.uint32(1), jnp.zeros(shape, dtype), jnp.zeros(shape, bool))
-    _, log_value, _ = jax.lax.while_loop(pending, round_, start)
+    state = (jnp.zeros(n, dtype), jnp.zeros(n, bool))
+    for i in range(1, _GAMMA_STRAIGHT_ROUNDS + 1):
+        state = round_(jnp.uint32(i), d, c, *state)
+    log_value, done = state
+    # The pending elements, gathered (indices past the last pending one are `n`: dropped).
+    size = min(n, n // _GAMMA_COMPACT_DIVISOR + _GAMMA_COMPACT_EXTRA)
+    (at,) = jnp.nonzero(~done, size=size, fill_value=n)
+    valid = at < n
+    d_few, c_few = (
+        d.at[at].get(mode="fill", fill_value=1.0),
+        c.at[at].get(mode="fill", fill_value=1.0),
+    )
+
+    def few_round(state):
+        i, log_few, done_few = state
+        return (i + 1, *round_(i, d_few, c_few, log_few, done_few))
+
+    first = jnp.uint32(_GAMMA_STRAIGHT_ROUNDS + 1)
+    start = (first, jnp.zeros(size, dtype), ~valid)
+    i, log_few, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), few_round, start)
+    log_value = log_value.at[at].set(log_few, mode="drop")
+    done = done.at[at].set(True, mode="drop")
+
+    def whole_round(state):
+        i, log_value, done = state
+        return (i + 1, *round_(i, d, c, log_value, done))
+
+    _, log_value, _ = jax.lax.while_loop(
+        lambda s: ~jnp.all(s[2]), whole_round, (i, log_value, done)
+    )
+    log_value = log_value.reshape(shape)
     u = jax.random.uniform(jax.random.fold_in(key, 0), shape, dtype)
     return jnp.where(boost, log_value + jnp.log(u) / alpha, log_value)
 
@@ -231,9 +268,90 @@ def _binomial(key, shape, dtype, n, p):
     return draw.astype(dtype)
 
 
+#: Poisson rates below this are drawn by inversion, the others by transformed rejection.
+POISSON_INVERSION_BELOW = 10.0
+#: Inversion stops at this count: below a rate of 10, P(k >= 64) < 1e-30.
+_POISSON_INVERSION_MAX = 64
+#: Inversion steps taken in straight-line code before its loop, and per round of the loop.
+_POISSON_STRAIGHT_STEPS, _POISSON_STEPS_PER_ROUND = 16, 8
+
+
 def _poisson(key, shape, dtype, mu):
     (mu,) = _broadcast(shape, mu)
-    return jax.random.poisson(_threefry(key), mu, shape, dtype)
+    return _poisson_draws(key, mu, shape).astype(dtype)
+
+
+def _poisson_draws(key, rate, shape):
+    """Poisson draws of `rate` (float), vectorised over the whole array.
+
+    Rates below `POISSON_INVERSION_BELOW` invert the CDF from one uniform each; the first
+    `_POISSON_STRAIGHT_STEPS` steps of the search run outside any loop (XLA's CPU runtime
+    runs a loop's elementwise work on one thread), and a loop takes the few draws left,
+    `_POISSON_STEPS_PER_ROUND` steps a round. Larger rates use Hörmann's transformed
+    rejection (PTRS, as numpy and JAX do), round after round until all are accepted; without
+    any, its loop runs no round. JAX's own sampler splits a key per element in every round
+    of Knuth's method: on a 10,000-row Poisson regression it took 37 s warm where pymc's
+    numba took 2.7 s (docs/decisions.md).
+    """
+    float_type = jnp.result_type(rate.dtype, jnp.float32)
+    rate = rate.astype(float_type)
+    small = rate < POISSON_INVERSION_BELOW
+    key_inverse, key_reject = jax.random.split(key)
+    u = jax.random.uniform(key_inverse, shape, float_type)
+    rate_small = jnp.where(small, rate, 0)
+    mass = jnp.exp(-rate_small)
+    # Invariant: after `step` steps, `count` is the least k with CDF(k) >= u where `cdf` >= u;
+    # elsewhere the search goes on, and `count` equals `step` (`cdf` is 2 where the rate is
+    # not small: nothing to search). So each step multiplies by one scalar, 1 / (step + 1).
+    state = (jnp.int32(0), jnp.zeros(shape, float_type), mass, jnp.where(small, mass, 2))
+
+    def searching(state):
+        step, _, _, cdf = state
+        return (u > cdf) & (step < _POISSON_INVERSION_MAX)
+
+    def steps(state):
+        for _ in range(_POISSON_STEPS_PER_ROUND):
+            step, count, mass, cdf = state
+            on = searching(state)
+            mass = mass * (rate_small * (1 / (step + 1).astype(float_type)))
+            state = (
+                step + 1,
+                jnp.where(on, count + 1, count),
+                mass,
+                jnp.where(on, cdf + mass, cdf),
+            )
+        return state
+
+    for _ in range(_POISSON_STRAIGHT_STEPS // _POISSON_STEPS_PER_ROUND):
+        state = steps(state)
+    count = jax.lax.while_loop(lambda s: jnp.any(searching(s)), steps, state)[1]
+    return jnp.where(small, count, _poisson_ptrs(key_reject, jnp.where(small, 10, rate), ~small))
+
+
+def _poisson_ptrs(key, rate, pending):
+    """Hörmann's PTRS (1993) for rates >= 10 where `pending`; 0 elsewhere."""
+    log_rate = jnp.log(rate)
+    b = 0.931 + 2.53 * jnp.sqrt(rate)
+    a = -0.059 + 0.02483 * b
+    inv_alpha = 1.1239 + 1.1328 / (b - 3.4)
+    v_r = 0.9277 - 3.6224 / (b - 2)
+
+    def round_(state):
+        i, count, pending = state
+        key_u, key_v = jax.random.split(jax.random.fold_in(key, i))
+        u = jax.random.uniform(key_u, rate.shape, rate.dtype) - 0.5
+        v = jax.random.uniform(key_v, rate.shape, rate.dtype)
+        us = 0.5 - jnp.abs(u)
+        k = jnp.floor((2 * a / us + b) * u + rate + 0.43)
+        log_ratio = jnp.log(v * inv_alpha / (a / (us * us) + b))
+        log_target = -rate + k * log_rate - jax.lax.lgamma(k + 1)
+        squeeze = (us >= 0.07) & (v <= v_r)
+        accept = squeeze | ((k >= 0) & ((us >= 0.013) | (v <= us)) & (log_ratio <= log_target))
+        count = jnp.where(pending & accept, k, count)
+        return i + 1, count, pending & ~accept
+
+    start = (jnp.uint32(0), jnp.zeros(rate.shape, rate.dtype), pending)
+    return jax.lax.while_loop(lambda s: jnp.any(s[2]), round_, start)[1]
 
 
 def _negative_binomial(key, shape, dtype, n, p):
@@ -242,7 +360,7 @@ def _negative_binomial(key, shape, dtype, n, p):
     n, p = _broadcast(shape, n, p)
     float_type = jnp.result_type(p.dtype, jnp.float32)
     rate = jnp.exp(_log_gamma(key_gamma, n, shape, float_type)) * (1 - p) / p
-    return jax.random.poisson(_threefry(key_poisson), rate, shape, dtype)
+    return _poisson_draws(key_poisson, rate, shape).astype(dtype)
 
 
 def _geometric(key, shape, dtype, p):
@@ -418,11 +536,6 @@ def _apart(values: Any) -> Any:
     for i, leaf in zip(arrays, kept):
         leaves[i] = leaf
     return jax.tree.unflatten(tree, leaves)
-
-
-def _threefry(key: jax.Array) -> jax.Array:
-    """`key` as jax's own threefry key, where jax asks for that implementation (Poisson)."""
-    return _rekeyed(key, UNROLLED_THREEFRY, "threefry2x32")
 
 
 def _rekeyed(key: jax.Array, old: str, new: Any) -> jax.Array:

@@ -201,3 +201,39 @@ def test_draws_compute_apart_from_their_parameters_off_a_cpu(platform):
     b = np.arange(3, dtype=np.float32)
     expected = x @ b + jax.random.normal(jax.random.wrap_key_data(key_data), (50,), jnp.float32)
     np.testing.assert_allclose(jax.jit(draw)(key_data, b), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_poisson_and_gamma_paths_draw_from_their_laws(monkeypatch):
+    """Each path of the vectorised Poisson and gamma samplers: rates on both sides of
+    `POISSON_INVERSION_BELOW` in one array (inversion, its loop past the straight-line steps,
+    and the rejection), and gamma draws whose compacted rounds are too small for what is
+    pending (the last loop over the whole array), against scipy's laws."""
+    import jax.numpy as jnp
+    from scipy import stats
+
+    rates = np.repeat([0.3, 4.0, 9.9, 10.0, 35.0], 40_000)
+    key = jax.random.key(5)
+    counts = np.asarray(
+        jax.jit(_samplers._poisson_draws, static_argnums=2)(key, rates, rates.shape)
+    )
+    p_values = []
+    for rate in np.unique(rates):
+        drawn = counts[rates == rate].astype(int)
+        support = np.arange(int(stats.poisson.ppf(1e-6, rate)), int(stats.poisson.isf(1e-6, rate)))
+        observed = np.array([(drawn == k).sum() for k in support])
+        expected = stats.poisson.pmf(support, rate) * drawn.size
+        keep = expected > 20
+        observed, expected = observed[keep], expected[keep]
+        p_values.append(
+            stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+        )
+    assert np.all(np.asarray(p_values) > 1e-4), p_values
+    assert counts[rates == 9.9].max() > _samplers._POISSON_STRAIGHT_STEPS  # the loop ran
+
+    monkeypatch.setattr(_samplers, "_GAMMA_COMPACT_DIVISOR", 10**9)
+    monkeypatch.setattr(_samplers, "_GAMMA_COMPACT_EXTRA", 1)
+    for alpha in (0.4, 2.5):
+        log_draws = _samplers._log_gamma(jax.random.key(6), alpha, (100_000,), jnp.float64)
+        draws_ = np.exp(np.asarray(log_draws))
+        assert stats.kstest(draws_, stats.gamma(alpha).cdf).pvalue > 1e-4, alpha
