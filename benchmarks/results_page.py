@@ -471,6 +471,9 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     table_section("bench_numpyro", "NumPyro models"),
     table_section("bench_sample_route", "pm.sample's own route, run again (parallel chains)"),
     table_section("predictive_sweep", "The predictive route's plans: auto against each fixed plan"),
+    table_section(
+        "unseen_predictive_sweep", "The predictive route's plans on models it was not tuned on"
+    ),
     table_section("host_budget_cpu", "Outputs in host memory within a host budget: CPU"),
     table_section("host_budget_tpu", "Outputs in host memory within a host budget: TPU v5e"),
     table_section("accelerator_check_tpu", "The routes on a TPU v5e: compiles, cold and warm"),
