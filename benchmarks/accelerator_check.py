@@ -17,12 +17,13 @@ so that a run cut short still reports what it finished:
 - `compile`: `compile_cost.py`, the chunked programs' compile at 1.86 GiB of outputs;
 - `host_budget`: `host_budget.py`, `auto` on 17.6 GB of outputs, more than the chip holds.
 
-A watchdog thread reads the host's `MemAvailable` every 0.2 s and kills the running section
+A watchdog thread reads the host's available memory (`MemAvailable`, capped by a cgroup's
+limit: `_memory._host_available_bytes`) every 0.2 s and kills the running section
 (its whole process group) when it falls under `--min-available-gib`: on a TPU machine the
 runtime holds about 15 GB of host memory itself, and a host out of memory loses the
 machine and everything not yet written. `--quick` runs every section at small sizes, as a
-try-out on a CPU. `OUT_DIR/accelerator_check.json` gathers the sections' tables at the end
-(`table`, for `results_page.py`).
+try-out on a CPU. `OUT_DIR/accelerator_check.json` gathers every section's record and the
+device at the end.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from pymc_chunkpost._memory import _host_available_bytes  # noqa: E402
+
 GiB = 2**30
 
 
@@ -113,17 +118,14 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         while True:
             proc = self.proc
-            if proc is not None and proc.poll() is None and _available() < self.min_bytes:
+            if (
+                proc is not None
+                and proc.poll() is None
+                and _host_available_bytes() < self.min_bytes
+            ):
                 self.fired = True
                 os.killpg(proc.pid, signal.SIGKILL)
             time.sleep(0.2)
-
-
-def _available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 2**62
 
 
 def run_section(name: str, args: list[str], limit: int, dog: _Watchdog, out: Path) -> dict:

@@ -84,23 +84,18 @@ def _log_gamma(key, alpha, shape, dtype):
         c.at[at].get(mode="fill", fill_value=1.0),
     )
 
-    def few_round(state):
-        i, log_few, done_few = state
-        return (i + 1, *round_(i, d_few, c_few, log_few, done_few))
+    def until_accepted(d, c, i, log_value, done):
+        def body(state):
+            i, log_value, done = state
+            return (i + 1, *round_(i, d, c, log_value, done))
+
+        return jax.lax.while_loop(lambda s: ~jnp.all(s[2]), body, (i, log_value, done))
 
     first = jnp.uint32(_GAMMA_STRAIGHT_ROUNDS + 1)
-    start = (first, jnp.zeros(size, dtype), ~valid)
-    i, log_few, _ = jax.lax.while_loop(lambda s: ~jnp.all(s[2]), few_round, start)
+    i, log_few, _ = until_accepted(d_few, c_few, first, jnp.zeros(size, dtype), ~valid)
     log_value = log_value.at[at].set(log_few, mode="drop")
     done = done.at[at].set(True, mode="drop")
-
-    def whole_round(state):
-        i, log_value, done = state
-        return (i + 1, *round_(i, d, c, log_value, done))
-
-    _, log_value, _ = jax.lax.while_loop(
-        lambda s: ~jnp.all(s[2]), whole_round, (i, log_value, done)
-    )
+    _, log_value, _ = until_accepted(d, c, i, log_value, done)
     log_value = log_value.reshape(shape)
     u = jax.random.uniform(jax.random.fold_in(key, 0), shape, dtype)
     return jnp.where(boost, log_value + jnp.log(u) / alpha, log_value)
