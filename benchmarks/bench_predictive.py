@@ -19,8 +19,10 @@ are timed. Speed-ups are medians of the run-by-run ratios.
 `--memory` measures, in a fresh process each, memray's peak of `ours` on `hier_30k` (30,000
 rows x 4,000 draws: 0.9 GiB of predictive draws, the floor), as `bench_posthoc` does.
 `--rng` measures the random-number throughput bound: 80M float64 normals from JAX's PRNG
-implementations (threefry2x32, rbg, unsafe_rbg, and threefry with its hash unrolled as the
-route's samplers draw: compile and run) and from numpy's generator,
+implementations (threefry2x32, rbg, unsafe_rbg, and threefry with its hash unrolled: compile
+and run), from the route's own normals (`route`: those bits through AS 241), from numpy's
+generator and from numba's (`Generator.standard_normal` in a jitted function, as pymc 6's
+default backend draws; where numba is installed),
 and the route on `hier_20k` under each JAX implementation (`JAX_DEFAULT_PRNG_IMPL`), with a
 two-sample KS test of its draws against threefry's (the same distribution).
 The results go to `--json` (default `benchmarks/results/bench_predictive_py3<minor>.json`).
@@ -29,6 +31,7 @@ The results go to `--json` (default `benchmarks/results/bench_predictive_py3<min
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -48,6 +51,8 @@ CASES = ("hier_2k", "hier_20k", "ar_500")
 METHODS = ("ours", "pymc_jax", "pymc_default")
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 UNROLLED = "threefry2x32_unrolled"  # `_compat.unrolled_threefry`: threefry's bits, hashed unrolled
+ROUTE = "route"  # the route's own float64 normals (`_samplers._standard_normal`, AS 241)
+NUMBA = "numba"  # numba's `Generator.standard_normal` (ziggurat), as pymc 6's default draws
 CHAINS, DRAWS = 4, 1000
 N_NORMALS = 80_000_000
 
@@ -181,10 +186,30 @@ def rng_child(impl: str) -> dict:
         tic = time.perf_counter()
         generator.standard_normal(N_NORMALS)
         return {"impl": impl, "run_s": time.perf_counter() - tic, "compile_s": 0.0}
+    if impl == NUMBA:
+        import numba
+
+        @numba.njit
+        def standard_normal(generator, n):
+            return generator.standard_normal(n)
+
+        generator = np.random.default_rng(0)
+        tic = time.perf_counter()
+        standard_normal(generator, 10)
+        compile_s = time.perf_counter() - tic
+        standard_normal(generator, N_NORMALS)
+        tic = time.perf_counter()
+        standard_normal(generator, N_NORMALS)
+        return {"impl": impl, "run_s": time.perf_counter() - tic, "compile_s": compile_s}
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    if impl == UNROLLED:  # threefry's bits, the hash unrolled (what the route's samplers use)
+    draw = jax.random.normal
+    if impl == ROUTE:
+        from pymc_chunkpost import _samplers
+
+        draw = _samplers._standard_normal
+    if impl in (UNROLLED, ROUTE):  # threefry's bits, the hash unrolled (the route's samplers')
         from pymc_chunkpost._compat import unrolled_threefry
 
         key = jax.random.wrap_key_data(
@@ -193,7 +218,7 @@ def rng_child(impl: str) -> dict:
     else:
         key = jax.random.key(0, impl=impl)
     tic = time.perf_counter()
-    normal = jax.jit(lambda k: jax.random.normal(k, (N_NORMALS,), "float64"))
+    normal = jax.jit(lambda k: draw(k, (N_NORMALS,), "float64"))
     compiled = normal.lower(key).compile()
     compile_s = time.perf_counter() - tic
     compiled(key).block_until_ready()
@@ -251,7 +276,8 @@ def prng(repeats: int) -> dict:
     bound = [
         run_child(["--rng-child", impl])
         for _ in range(repeats)
-        for impl in (*IMPLS, UNROLLED, "numpy")
+        for impl in (*IMPLS, UNROLLED, ROUTE, "numpy", NUMBA)
+        if impl != NUMBA or importlib.util.find_spec("numba")
     ]
     route, samples = [], {}
     for repeat in range(repeats):

@@ -470,9 +470,10 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     table_section("bench_predictive", "Posterior predictive"),
     table_section("bench_numpyro", "NumPyro models"),
     table_section("bench_sample_route", "pm.sample's own route, run again (parallel chains)"),
-    table_section("predictive_sweep", "The predictive route's plans: auto against each fixed plan"),
     table_section(
-        "unseen_predictive_sweep", "The predictive route's plans on models it was not tuned on"
+        "predictive_sweep",
+        "The predictive route's plans: auto against each fixed plan (the last three models "
+        "never tuned on)",
     ),
     table_section("host_budget_cpu", "Outputs in host memory within a host budget: CPU"),
     table_section("host_budget_tpu", "Outputs in host memory within a host budget: TPU v5e"),

@@ -78,6 +78,11 @@ class PlannerConfig:
             their chunks stream bits into outputs and gain nothing from fitting a cache,
             while each call costs a dispatch (the 20,000-row predictive regression: 64
             chunks 7% behind the best fixed plan, 16 within its spread).
+        random_vmap_product_bytes: random draws on a CPU run in chunks, not in the
+            loop-free vmap, where the results of their products (`X @ b`) over all draws
+            exceed this: the vmap writes them to memory and reads them back, where a chunk
+            keeps them in the cache (a 5,000-row logistic regression's 153 MiB of products:
+            the vmap 12-28% slower than chunks of 250; docs/predictive.md).
         first_segment_fraction: with a progress bar or while tuning, an XLA loop runs in
             host-dispatched segments; the first runs this fraction of the draws, to time
             them.
@@ -109,6 +114,10 @@ class PlannerConfig:
     The online tuner:
         tune_min_seconds: other chunk sizes are tried only when at least this much work is
             left after the first chunks: below it, the compiles cannot pay for themselves.
+        tune_payback: ...and at least this many times the seconds that the running step took
+            to compile: a size within the search's reach runs 10-30% faster at best, and a
+            compile costs tenths of a second on a CPU, seconds on an accelerator (a Poisson
+            predictive's 1.4 s on 2 cores, beside 2.7 s of work, cost its cold call 50%).
         tune_chunks: each candidate size is timed over at least this many calls...
         tune_window_seconds: ...and this many seconds, after one untimed warm-up call of
             each: shorter windows are lost in the noise of a busy machine.
@@ -180,6 +189,7 @@ class PlannerConfig:
     host_loop_many_buffers: int = 48
     host_loop_max_chunks: int = 64
     random_max_chunks: int = 16
+    random_vmap_product_bytes: int = 32 * MiB
     first_segment_fraction: float = 1 / 64
     segment_seconds: float = 0.25
     host_zeros_max_bytes: int = 48 * MiB
@@ -188,6 +198,7 @@ class PlannerConfig:
     host_staging_bytes: int = 512 * MiB
     host_margin_bytes: int = 2 * 2**30
     tune_min_seconds: float = 3.0
+    tune_payback: float = 10.0
     tune_chunks: int = 2
     tune_window_seconds: float = 0.05
     tune_trust_fraction: float = 0.5
@@ -229,6 +240,7 @@ EVIDENCE: dict[str, str] = {
     "host_loop_many_buffers": f"{_STRATEGIES}#host-loop-for-many-buffers",
     "host_loop_max_chunks": f"{_STRATEGIES}#host-loop-for-many-buffers",
     "random_max_chunks": "docs/predictive.md#chunks-of-random-draws-on-a-cpu",
+    "random_vmap_product_bytes": "docs/predictive.md#chunks-of-random-draws-on-a-cpu",
     "first_segment_fraction": f"{_STRATEGIES}#progress-segments",
     "segment_seconds": f"{_STRATEGIES}#progress-segments",
     "host_zeros_max_bytes": f"{_STRATEGIES}#host-zeros",
@@ -237,6 +249,7 @@ EVIDENCE: dict[str, str] = {
     "host_staging_bytes": "docs/memory.md#the-host-memory-budget",
     "host_margin_bytes": "docs/memory.md#the-host-memory-budget",
     "tune_min_seconds": f"{_STRATEGIES}#tuning-threshold",
+    "tune_payback": f"{_STRATEGIES}#tuning-threshold",
     "tune_chunks": f"{_STRATEGIES}#tuning-windows",
     "tune_window_seconds": f"{_STRATEGIES}#tuning-windows",
     "tune_trust_fraction": f"{_STRATEGIES}#tuning-trust-fraction",

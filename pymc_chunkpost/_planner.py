@@ -41,7 +41,7 @@ from ._config import current
 from ._executor import CompileOutOfMemory, Executable, distrust_foreign, persist, release
 from ._memory import free_bytes
 from ._messages import budget_text, mib, warn
-from ._problem import Problem, cpu_cores, is_out_of_memory
+from ._problem import Problem, cpu_cores, is_out_of_memory, product_bytes
 from ._program import Request
 from ._resources import (
     STAGED_CHUNKS,
@@ -331,6 +331,17 @@ def _vmap_may_fit(problem: Problem, sharing: int) -> bool:
     )
 
 
+def _vmap_may_pay(problem: Problem) -> bool:
+    """Whether the loop-free vmap may run as fast as chunks: not for random draws on a CPU
+    whose products (`_problem.product_bytes`) over all draws exceed
+    `random_vmap_product_bytes`. Decided from the jaxpr, before any compile: on such a
+    program a compile of the vmap is a third of a cold call."""
+    if not (problem.random and problem.device.platform == "cpu"):
+        return True
+    products = product_bytes(problem.jaxpr.jaxpr) * problem.n_local
+    return products <= current().random_vmap_product_bytes
+
+
 def first_attempt(
     jax_fn: Callable,
     problem: Problem,
@@ -382,7 +393,7 @@ def first_attempt(
         if cached is not None:
             return cached
     per_item_temp = float(problem.intermediate_bytes)
-    if tuned and _vmap_may_fit(problem, problem.memory_sharing):
+    if tuned and _vmap_may_fit(problem, problem.memory_sharing) and _vmap_may_pay(problem):
         whole, per_item_temp = _vmap_attempt(call, key, stored, per_item_temp)
         if whole is not None:
             return whole

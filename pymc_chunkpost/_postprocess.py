@@ -299,6 +299,7 @@ def _run_shard_by_shard(
             strategy,
             False,
             memory_budget=budget,
+            serial=problem.serial,
             random=problem.random,
             **options,
         )

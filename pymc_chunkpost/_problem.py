@@ -334,6 +334,27 @@ def _intermediate_bytes(jaxpr) -> int:
     return total
 
 
+#: Products: XLA's CPU runtime computes them in library calls outside any fusion, so that
+#: their results always go to memory.
+_PRODUCTS = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def product_bytes(jaxpr) -> int:
+    """Per draw, bytes of the results of products (`_PRODUCTS`) that are not outputs,
+    nested jaxprs included (once each, whatever their trip count)."""
+    outvars = {id(v) for v in jaxpr.outvars}
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += sum(product_bytes(j) for j in _nested(eqn.params))
+        if eqn.primitive.name in _PRODUCTS:
+            total += sum(
+                _aval_bytes(v.aval)
+                for v in eqn.outvars
+                if id(v) not in outvars and hasattr(v.aval, "shape")
+            )
+    return total
+
+
 _GATHERS = frozenset({"gather", "dynamic_slice", "dynamic_update_slice"})
 
 

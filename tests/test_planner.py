@@ -745,3 +745,42 @@ def test_random_draws_on_a_cpu_run_in_a_host_loop():
     on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
     assert _planner.loop_for(on_tpu) is Loop.XLA
     assert _tuning.tuning_key(random, "auto") != _tuning.tuning_key(problem, "auto")
+
+
+def test_random_draws_on_a_cpu_skip_the_vmap_where_their_products_leave_the_cache(
+    configure, monkeypatch
+):
+    """Random draws on a CPU go to chunks, without compiling the loop-free vmap, where the
+    results of their products over all draws exceed `random_vmap_product_bytes`: the vmap
+    writes them to memory and reads them back (`_planner._vmap_may_pay`)."""
+    from helpers import FakeAccelerator
+
+    from pymc_chunkpost import _problem
+    from pymc_chunkpost._problem import Placement
+
+    model = models.data_regression(n_obs=50)
+    problem = problem_of(models.jax_fn(model), models.raw_draws(model, 2, 10))
+    per_draw = _problem.product_bytes(problem.jaxpr.jaxpr)
+    assert per_draw == 50 * 8  # X @ beta, which no output holds
+    random = dataclasses.replace(problem, random=True)
+    products = per_draw * problem.n_local
+    configure(random_vmap_product_bytes=products - 1)
+    assert not _planner._vmap_may_pay(random)
+    assert _planner._vmap_may_pay(problem)  # not random: the compiled vmap decides
+    on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
+    assert _planner._vmap_may_pay(on_tpu)
+    configure(random_vmap_product_bytes=products)
+    assert _planner._vmap_may_pay(random)
+
+    compiled = []
+    real = _planner._compile
+    monkeypatch.setattr(
+        _planner,
+        "_compile",
+        lambda fn, p, request, **kw: compiled.append(request) or real(fn, p, request, **kw),
+    )
+    configure(random_vmap_product_bytes=0)
+    attempt = _planner.first_attempt(models.jax_fn(model), random, "auto", None, use_cache=False)
+    assert [r.strategy for r in compiled] == ["chunked"], compiled
+    assert attempt.plan.strategy == "chunked"
+    _executor.release(attempt.exe)

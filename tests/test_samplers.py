@@ -237,3 +237,30 @@ def test_poisson_and_gamma_paths_draw_from_their_laws(monkeypatch):
         log_draws = _samplers._log_gamma(jax.random.key(6), alpha, (100_000,), jnp.float64)
         draws_ = np.exp(np.asarray(log_draws))
         assert stats.kstest(draws_, stats.gamma(alpha).cdf).pvalue > 1e-4, alpha
+
+
+def test_float64_normals_invert_the_cdf_to_double_precision():
+    """`_ndtri64` (AS 241) against scipy's `ndtri` from the central region to both tails,
+    as far as 53-bit uniforms reach; and float64 normal draws use it on the uniform of their
+    own bits, so that each is the CDF's inverse of what the key gives."""
+    import jax.numpy as jnp
+    from scipy.special import ndtri
+
+    p = np.concatenate(
+        [
+            np.linspace(1e-6, 1 - 1e-6, 20_001),
+            np.logspace(-300, -1, 2_000),
+            1 - np.logspace(-16, -1, 1_000),
+            [2.0**-54, 0.075, 0.925, 0.5],  # the smallest uniform, the regions' edges
+        ]
+    )
+    ours = np.asarray(jax.jit(_samplers._ndtri64)(p))
+    reference = ndtri(p)
+    np.testing.assert_allclose(ours, reference, rtol=4e-15, atol=1e-300)
+
+    key = jax.random.key(3)
+    draws = np.asarray(_samplers._standard_normal(key, (5_000,), jnp.float64))
+    bits = np.asarray(jax.random.bits(key, (5_000,), jnp.uint64))
+    uniforms = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    np.testing.assert_allclose(draws, ndtri(uniforms), rtol=4e-15, atol=1e-300)
+    assert stats.kstest(draws, stats.norm.cdf).pvalue > 1e-4

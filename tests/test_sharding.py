@@ -15,7 +15,7 @@ from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _compat, _disk, _postprocess, _resources
+from pymc_chunkpost import _compat, _disk, _planner, _postprocess, _resources
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 
@@ -254,6 +254,25 @@ def test_plan_of_a_deadlock_prone_call_is_the_shard_by_shard_run(gp, monkeypatch
     # Each shard planned alone: a quarter of the draws on one device.
     one = pc.plan(jax_fn, [np.asarray(x)[:1] for x in raw])
     assert planned.output_bytes == 4 * one.output_bytes
+
+
+@pytest.mark.parametrize("serial, random", [(True, False), (False, True)])
+def test_each_shard_runs_as_the_call_says_its_function_computes(gp, monkeypatch, serial, random):
+    """A shard is planned as the whole call would be: one draw at a time (`serial`), or
+    random draws (`random`)."""
+    _, jax_fn, raw = gp
+    _deadlock_prone(monkeypatch)
+    seen = []
+    real = _planner.first_attempt
+
+    def first_attempt(fn, problem, *args, **kwargs):
+        seen.append((problem.serial, problem.random))
+        return real(fn, problem, *args, **kwargs)
+
+    monkeypatch.setattr(_planner, "first_attempt", first_attempt)
+    sharded = _sharded(raw, SPECS["chains"])
+    _postprocess.run(jax_fn, sharded, None, "auto", serial=serial, random=random)
+    assert seen == [(serial, random)] * 4
 
 
 def test_shard_by_shard_plan_says_what_the_first_shard_chose(gp, monkeypatch, tmp_path):

@@ -59,6 +59,7 @@ def timed(monkeypatch, configure):
     """Tune every run, and feed the tuner `table(size) * size` seconds per chunk."""
     configure(
         tune_min_seconds=0.0,
+        tune_payback=0.0,
         tune_window_seconds=0.0,  # and so a chunk per segment
         vmap_temp_bytes=0,  # always a loop
         background_compiles=False,  # the next chunk always has the candidate
@@ -508,6 +509,48 @@ class TestPolicies:
             search.record(8, 1e-3, 1)
         assert search.next_size(8, left_seconds=2.9, n=4000) is None
         assert search.next_size(8, left_seconds=3.1, n=4000) == 16
+
+    def test_the_size_search_weighs_what_a_compile_costs_here(self):
+        import dataclasses
+
+        config = dataclasses.replace(
+            current(), tune_min_seconds=0.0, tune_payback=10.0, tune_window_seconds=0.0
+        )
+        search = _tuner.SizeSearch(config, [8])
+        for _ in range(3):
+            search.record(8, 1e-3, 1)
+        assert search.next_size(8, left_seconds=9.0, n=4000, compile_seconds=1.0) is None
+        assert search.next_size(8, left_seconds=11.0, n=4000, compile_seconds=1.0) == 16
+
+    def test_calls_beside_a_compile_in_flight_are_not_timed_on_a_cpu(self):
+        """On a CPU a chunk that ran while a candidate compiled had a core less: its time
+        would make the running size look slower than it is."""
+        import concurrent.futures
+        import dataclasses
+        import types
+
+        from pymc_chunkpost._types import Loop
+
+        cpu = types.SimpleNamespace(platform="cpu")
+        exe = types.SimpleNamespace(
+            problem=types.SimpleNamespace(n_local=4000, device=cpu),
+            chunk_size=8,
+            library_fusions=True,
+            loop=Loop.HOST,
+            peak_bytes=0,
+            compile_seconds=1e9,  # no candidate repays it: the search ends at one size
+        )
+        config = dataclasses.replace(current(), tune_window_seconds=0.0, tune_chunks=2)
+        tuner = _tuner.Tuner(exe, lambda size, fusions: None, "key", config)  # type: ignore[arg-type]
+        tuner.record(exe, 1.0, 8)  # type: ignore[arg-type]  # the warm-up call
+        tuner._pending = concurrent.futures.Future()  # a compile in flight
+        for _ in range(3):
+            tuner.record(exe, 5.0, 8)  # type: ignore[arg-type]
+        assert tuner.seconds_per_draw == {}
+        tuner._pending = None
+        for _ in range(2):
+            tuner.record(exe, 0.8, 8)  # type: ignore[arg-type]
+        assert tuner.seconds_per_draw == {8: 0.1}
 
     def test_a_window_needs_its_calls_and_its_seconds(self):
         import dataclasses
