@@ -82,7 +82,7 @@ class PlannerConfig:
             loop-free vmap, where the results of their products (`X @ b`) over all draws
             exceed this: the vmap writes them to memory and reads them back, where a chunk
             keeps them in the cache (a 5,000-row logistic regression's 153 MiB of products:
-            the vmap 12-28% slower than chunks of 250; docs/predictive.md).
+            the vmap 26-63% slower than chunks of 250; docs/predictive.md).
         first_segment_fraction: with a progress bar or while tuning, an XLA loop runs in
             host-dispatched segments; the first runs this fraction of the draws, to time
             them.

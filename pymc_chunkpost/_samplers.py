@@ -89,16 +89,25 @@ def _ndtri64(p):
     return num / jnp.where(central, _polynomial(central_den, r), tail_den)
 
 
+def _open_uniform64(bits):
+    """Uniforms in the open interval (0, 1) from 64-bit words: the midpoints of 2**52 equal
+    cells, `(k + 0.5) / 2**52` for the top 52 bits `k`.
+
+    Invariant: every value and its complement are exact in float64 (`k + 0.5` needs 53
+    bits), so the extremes are `2**-53` and `1 - 2**-53`, mirror images; with 53 bits,
+    `k + 0.5` rounds to `2**53` at the top and the uniform to 1.
+    """
+    return ((bits >> 12).astype(jnp.float64) + 0.5) * 2.0**-52
+
+
 def _standard_normal(key, shape, dtype):
-    """Standard normal draws: in float64 by AS 241 on 53-bit uniforms in the open interval
-    (0, 1), one 64-bit word each as `jax.random.normal` takes, whose float64 `erfinv` ran
-    1.3-1.7x slower on a CPU (docs/predictive.md, "Random numbers"). Other dtypes by
+    """Standard normal draws: in float64 by AS 241 on open uniforms (`_open_uniform64`), one
+    64-bit word each as `jax.random.normal` takes, whose float64 `erfinv` ran 1.3-1.7x
+    slower on a CPU (docs/predictive.md, "Random numbers"). Other dtypes by
     `jax.random.normal`."""
     if jnp.dtype(dtype) != jnp.float64:
         return jax.random.normal(key, shape, dtype)
-    bits = jax.random.bits(key, shape, jnp.uint64)
-    p = ((bits >> 11).astype(jnp.float64) + 0.5) * 2.0**-53
-    return _ndtri64(p)
+    return _ndtri64(_open_uniform64(jax.random.bits(key, shape, jnp.uint64)))
 
 
 #: Marsaglia-Tsang rounds over the whole array, outside any loop, before the compaction.

@@ -241,8 +241,9 @@ def test_poisson_and_gamma_paths_draw_from_their_laws(monkeypatch):
 
 def test_float64_normals_invert_the_cdf_to_double_precision():
     """`_ndtri64` (AS 241) against scipy's `ndtri` from the central region to both tails,
-    as far as 53-bit uniforms reach; and float64 normal draws use it on the uniform of their
-    own bits, so that each is the CDF's inverse of what the key gives."""
+    as far as the open uniforms reach; the uniforms' extremes are mirror images, so that no
+    word draws an infinite or NaN normal; and float64 normal draws are the CDF's inverse
+    of the uniform of their own bits."""
     import jax.numpy as jnp
     from scipy.special import ndtri
 
@@ -250,17 +251,24 @@ def test_float64_normals_invert_the_cdf_to_double_precision():
         [
             np.linspace(1e-6, 1 - 1e-6, 20_001),
             np.logspace(-300, -1, 2_000),
-            1 - np.logspace(-16, -1, 1_000),
-            [2.0**-54, 0.075, 0.925, 0.5],  # the smallest uniform, the regions' edges
+            1 - np.logspace(-15.9, -1, 1_000),
+            [2.0**-53, 1 - 2.0**-53, 0.075, 0.925, 0.5],  # the extremes, the regions' edges
         ]
     )
     ours = np.asarray(jax.jit(_samplers._ndtri64)(p))
-    reference = ndtri(p)
-    np.testing.assert_allclose(ours, reference, rtol=4e-15, atol=1e-300)
+    np.testing.assert_allclose(ours, ndtri(p), rtol=4e-15, atol=1e-300)
+
+    words = np.array([0, 2**12 - 1, 2**63, 2**64 - 2**12, 2**64 - 1], np.uint64)
+    uniforms = np.asarray(_samplers._open_uniform64(jnp.asarray(words)))
+    np.testing.assert_array_equal(
+        uniforms, [2.0**-53, 2.0**-53, 0.5 + 2.0**-53, 1 - 2.0**-53, 1 - 2.0**-53]
+    )
+    extremes = np.asarray(_samplers._ndtri64(jnp.asarray(uniforms)))
+    assert np.all(np.isfinite(extremes)) and extremes[0] == -extremes[-1]
 
     key = jax.random.key(3)
     draws = np.asarray(_samplers._standard_normal(key, (5_000,), jnp.float64))
     bits = np.asarray(jax.random.bits(key, (5_000,), jnp.uint64))
-    uniforms = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
-    np.testing.assert_allclose(draws, ndtri(uniforms), rtol=4e-15, atol=1e-300)
+    own = ((bits >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
+    np.testing.assert_allclose(draws, ndtri(own), rtol=4e-15, atol=1e-300)
     assert stats.kstest(draws, stats.norm.cdf).pvalue > 1e-4
