@@ -114,10 +114,11 @@ class PlannerConfig:
     The online tuner:
         tune_min_seconds: other chunk sizes are tried only when at least this much work is
             left after the first chunks: below it, the compiles cannot pay for themselves.
-        tune_payback: ...and at least this many times the seconds that the running step took
-            to compile: a size within the search's reach runs 10-30% faster at best, and a
-            compile costs tenths of a second on a CPU, seconds on an accelerator (a Poisson
-            predictive's 1.4 s on 2 cores, beside 2.7 s of work, cost its cold call 50%).
+        tune_payback: ...and at least this many times the seconds that the rule's step took
+            to compile (or to load): a size within the search's reach runs 10-30% faster at
+            best, and a compile costs tenths of a second on a CPU, seconds on an accelerator
+            (a Poisson predictive's 1.4 s on 2 cores, beside 2.7 s of work, cost its cold
+            call 50%).
         tune_chunks: each candidate size is timed over at least this many calls...
         tune_window_seconds: ...and this many seconds, after one untimed warm-up call of
             each: shorter windows are lost in the noise of a busy machine.

@@ -339,13 +339,14 @@ def _intermediate_bytes(jaxpr) -> int:
 _PRODUCTS = frozenset({"dot_general", "conv_general_dilated"})
 
 
-def product_bytes(jaxpr) -> int:
-    """Per draw, bytes of the results of products (`_PRODUCTS`) that are not outputs,
-    nested jaxprs included (once each, whatever their trip count)."""
-    outvars = {id(v) for v in jaxpr.outvars}
+def product_bytes(jaxpr, outputs: bool = True) -> int:
+    """Per draw, bytes of the results of products (`_PRODUCTS`) that are not the function's
+    outputs (`outputs`: `jaxpr`'s own outputs are), nested jaxprs included (once each,
+    whatever their trip count; a product that a call returns as an output counts)."""
+    outvars = {id(v) for v in jaxpr.outvars} if outputs else set()
     total = 0
     for eqn in jaxpr.eqns:
-        total += sum(product_bytes(j) for j in _nested(eqn.params))
+        total += sum(product_bytes(j, outputs=False) for j in _nested(eqn.params))
         if eqn.primitive.name in _PRODUCTS:
             total += sum(
                 _aval_bytes(v.aval)

@@ -104,8 +104,9 @@ def _standard_normal(key, shape, dtype):
     """Standard normal draws: in float64 by AS 241 on open uniforms (`_open_uniform64`), one
     64-bit word each as `jax.random.normal` takes, whose float64 `erfinv` ran 1.3-1.7x
     slower on a CPU (docs/predictive.md, "Random numbers"). Other dtypes by
-    `jax.random.normal`."""
-    if jnp.dtype(dtype) != jnp.float64:
+    `jax.random.normal`, and so is float64 where JAX runs without 64-bit types (as it
+    draws float32 then: 64-bit words would be 32-bit)."""
+    if jax.dtypes.canonicalize_dtype(dtype) != jnp.float64:
         return jax.random.normal(key, shape, dtype)
     return _ndtri64(_open_uniform64(jax.random.bits(key, shape, jnp.uint64)))
 

@@ -5,7 +5,8 @@ Two policies with their state explicit, and the driver that the executor's loop 
 - `SizeSearch`: from the rule's size, double while that is faster, else halve while that is
   faster; each size timed over a window (`tune_chunks` calls and `tune_window_seconds`,
   after one untimed warm-up call), and only while the work left exceeds `tune_min_seconds`
-  and `tune_payback` times what the running step took to compile.
+  and `tune_payback` times what the rule's step took to compile (or to load, where it was
+  loaded from the store).
 - `_library_fusions.LibraryTrial`: before any size, on a CPU, the same chunk compiled without
   XLA's library fusions, kept where it runs faster.
 - `Tuner`: hands the executor each next step (`next_step`), takes each call's time

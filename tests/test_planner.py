@@ -784,3 +784,18 @@ def test_random_draws_on_a_cpu_skip_the_vmap_where_their_products_leave_the_cach
     assert [r.strategy for r in compiled] == ["chunked"], compiled
     assert attempt.plan.strategy == "chunked"
     _executor.release(attempt.exe)
+
+
+def test_products_inside_calls_count():
+    """A product inside a nested jaxpr (a `jit` or `checkpoint` call) counts, as its result
+    goes to memory all the same."""
+    from pymc_chunkpost import _problem
+
+    x = np.ones((500, 10))
+
+    def plain(b):
+        return (x @ b).sum()
+
+    for wrap in (lambda f: f, jax.jit, jax.checkpoint):
+        closed = jax.make_jaxpr(wrap(plain))(np.ones(10))
+        assert _problem.product_bytes(closed.jaxpr) == 500 * x.itemsize, wrap

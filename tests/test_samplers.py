@@ -272,3 +272,23 @@ def test_float64_normals_invert_the_cdf_to_double_precision():
     own = ((bits >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
     np.testing.assert_allclose(draws, ndtri(own), rtol=4e-15, atol=1e-300)
     assert stats.kstest(draws, stats.norm.cdf).pvalue > 1e-4
+
+
+def test_float64_normals_without_64_bit_types_are_jaxs_float32_normals():
+    """Where JAX runs without 64-bit types, a float64 draw is what `jax.random.normal`
+    gives (float32): 64-bit words would be 32-bit, and AS 241 on them far in a tail. The
+    gamma rounds built on normals still end."""
+    import jax.numpy as jnp
+
+    key = jax.random.key(4)
+    previous = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", False)
+    try:
+        draws = _samplers._standard_normal(key, (20_000,), jnp.float64)
+        expected = jax.random.normal(key, (20_000,), jnp.float64)
+        log_gamma = _samplers._log_gamma(jax.random.key(5), 2.0, (2_000,), jnp.float64)
+        np.testing.assert_array_equal(np.asarray(draws), np.asarray(expected))
+        assert stats.kstest(np.asarray(draws), stats.norm.cdf).pvalue > 1e-4
+        assert np.all(np.isfinite(np.asarray(log_gamma)))
+    finally:
+        jax.config.update("jax_enable_x64", previous)
