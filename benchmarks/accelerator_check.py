@@ -12,6 +12,8 @@ so that a run cut short still reports what it finished:
   draws, a second process in the first one's cache folder, and pymc's default backend;
 - `sample`: `bench_sample_route.py --models big_det`, a patched `pm.sample(nuts_sampler=
   "numpyro")` with an 8 GB `Deterministic`, unpatched, cold and warm;
+- `huge_sample`: the same route, patched, with a `Deterministic` larger than the chip
+  (`--models huge_det`: 17.6 GB over 4 x 1,000 draws), which pymc's own vmap cannot hold;
 - `numpyro`: `bench_numpyro.py --cases hier_30k`, ours against `Predictive(parallel=True)`
   and `parallel=False`;
 - `compile`: `compile_cost.py`, the chunked programs' compile at 1.86 GiB of outputs;
@@ -72,6 +74,18 @@ def _sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
                 f"--json={out / 'sample.json'}",
             ],
             330,
+        ),
+        "huge_sample": (
+            [
+                "bench_sample_route.py",
+                f"--models={'tiny_det' if quick else 'huge_det'}",
+                "--cases=cold",
+                "--repeats=1",
+                f"--draws={50 if quick else 1000}",
+                f"--tune={50 if quick else 300}",
+                f"--json={out / 'huge_sample.json'}",
+            ],
+            400,
         ),
         "numpyro": (
             [
@@ -167,7 +181,9 @@ def run_section(name: str, args: list[str], limit: int, dog: _Watchdog, out: Pat
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="accel_")))
-    parser.add_argument("--sections", default="predictive,sample,numpyro,compile,host_budget")
+    parser.add_argument(
+        "--sections", default="predictive,sample,huge_sample,numpyro,compile,host_budget"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a CPU try-out")
     parser.add_argument("--min-available-gib", type=float, default=5.0)
     args = parser.parse_args(argv)

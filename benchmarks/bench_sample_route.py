@@ -53,11 +53,10 @@ def build(name: str):
             x = rng.normal(size=(200, 3))
             pm.Normal("y", x @ beta, 1.0, observed=x @ [1.0, -1.0, 0.5] + rng.normal(size=200))
         elif name in BIG_ROWS:
-            x = rng.normal(size=(500, 8)).astype("float32")
+            x, y, xbig = _big_data(name)
             beta = pm.Normal("beta", 0.0, 1.0, shape=8)
             sigma = pm.HalfNormal("sigma", 1.0)
-            pm.Normal("y", x @ beta, sigma, observed=x @ np.ones(8) + rng.normal(size=500))
-            xbig = rng.normal(size=(BIG_ROWS[name], 8)).astype("float32")
+            pm.Normal("y", x @ beta, sigma, observed=y)
             pm.Deterministic("big", pm.math.dot(xbig, beta))
         else:
             x = rng.normal(size=2000)
@@ -68,6 +67,16 @@ def build(name: str):
     return model
 
 
+def _big_data(name: str):
+    """The regression's rows, its observations, and the `Deterministic`'s rows (float32)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 8)).astype("float32")
+    y = x @ np.ones(8) + rng.normal(size=500)
+    return x, y, rng.normal(size=(BIG_ROWS[name], 8)).astype("float32")
+
+
 def child(case: str, name: str, draws: int, tune: int) -> dict:
     """One case, in this process: the seconds spent post-processing and in `pm.sample`."""
     import pymc as pm
@@ -75,6 +84,7 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
 
     import pymc_chunkpost
     from pymc_chunkpost import _postprocess
+    from pymc_chunkpost.profiling.proc import PeakRss, status_bytes
 
     if case != "pymc":
         pymc_chunkpost.patch()
@@ -102,10 +112,11 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
     options: dict = {"idata_kwargs": {"log_likelihood": name not in BIG_ROWS}}
     if jax.device_count() < 4:  # one accelerator: its chains vectorized, as users run them
         options["nuts_sampler_kwargs"] = {"chain_method": "vectorized"}
+    rss_start, peak = status_bytes("VmRSS"), PeakRss()
     with warnings.catch_warnings(record=True) as caught, model:
         warnings.simplefilter("always")
         tic = time.perf_counter()
-        pm.sample(
+        idata = pm.sample(
             nuts_sampler="numpyro",
             chains=4,
             draws=draws,
@@ -116,17 +127,29 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
             **options,
         )
         total = time.perf_counter() - tic
-    status = Path("/proc/self/status").read_text()
-    peak = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), 0)
-    return {
+    record = {
         "platform": jax.default_backend(),
-        "peak_rss_bytes": int(peak) * 1024,
+        "rss_start_bytes": rss_start,
+        "peak_rss_bytes": peak.bytes(),
+        "peak_method": peak.method,
         "postprocess_seconds": sum(post_seconds),
         "sample_seconds": total,
         "loaded": sum("loaded from disk" in r for r in reasons),
         "plans": len(reasons),
         "executable_warnings": [str(w.message) for w in caught if "executable" in str(w.message)],
     }
+    if name in BIG_ROWS:  # the Deterministic against NumPy on three draws
+        import numpy as np
+
+        xbig = _big_data(name)[2]
+        big, beta = idata.posterior["big"].values, idata.posterior["beta"].values
+        record["big_bytes"] = int(big.nbytes)
+        record["largest_relative_difference"] = max(
+            float(np.max(np.abs(big[c, d] - want)) / np.max(np.abs(want)))
+            for c, d in ((0, 0), (3, draws - 1), (2, draws // 3))
+            for want in [xbig @ beta[c, d]]
+        )
+    return record
 
 
 def run_case(case: str, name: str, draws: int, tune: int, cache: Path) -> dict:

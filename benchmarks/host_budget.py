@@ -2,7 +2,7 @@
 
     python benchmarks/host_budget.py [--cases matvec,many,matrix] [--gib 1.0]
         [--output-memory host|auto] [--host-budget auto|BYTES] [--draws 4x250]
-        [--impossible] [--out FILE]
+        [--impossible] [--config NAME=INT,...] [--out FILE]
 
 Each case runs in a fresh process, and so does the bound:
 - `bound`: the platform's raw rate into fresh host memory: on a CPU, a copy of a cached
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _cell import run_child  # noqa: E402
 
-from pymc_chunkpost.profiling.proc import reset_peak  # noqa: E402
+from pymc_chunkpost.profiling.proc import PeakRss  # noqa: E402
 from pymc_chunkpost.profiling.proc import status_bytes as _rss_bytes  # noqa: E402
 
 GiB = 2**30
@@ -49,37 +49,6 @@ CASES = ("matvec", "many", "matrix")
 #: "tight": a host budget of the outputs and this, below the default staging and margin
 #: (`PlannerConfig.host_staging_bytes + host_margin_bytes`): the plan must shrink its chunks.
 TIGHT_EXTRA = 320 * 2**20
-
-
-class _Peak:
-    """The process's peak RSS from now on: `VmHWM` after resetting it through
-    `/proc/self/clear_refs`, or, where that is not permitted (an ordinary user on the TPU
-    machine), the largest `VmRSS` that a thread reads every 5 ms."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.method = "VmHWM"
-        try:
-            reset_peak()
-            return
-        except PermissionError:
-            self.method = "VmRSS every 5 ms"
-        self.most = _rss_bytes("VmRSS")
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        while not self.done.wait(0.005):
-            self.most = max(self.most, _rss_bytes("VmRSS"))
-
-    def bytes(self) -> int:
-        if self.method == "VmHWM":
-            return _rss_bytes("VmHWM")
-        self.done.set()
-        self.thread.join()
-        return max(self.most, _rss_bytes("VmRSS"))
 
 
 def _problem(case: str, gib: float, chains: int, draws: int):
@@ -154,7 +123,7 @@ def _case(args: argparse.Namespace) -> dict:
 
     jax.stages.Lowered.compile = counted  # type: ignore[method-assign]
     start = _rss_bytes("VmRSS")
-    watch = _Peak()
+    watch = PeakRss()
     tic = time.perf_counter()
     try:
         outputs = pc.postprocess_samples(
@@ -284,7 +253,11 @@ def main() -> None:
     parser.add_argument("--output-memory", default="host", choices=["host", "auto"])
     parser.add_argument("--host-budget", default="auto", help="'auto', 'tight' or bytes")
     parser.add_argument("--impossible", action="store_true")
-    parser.add_argument("--land-threads", type=int, default=None, help="PlannerConfig.land_threads")
+    parser.add_argument(
+        "--config",
+        default="",
+        help="PlannerConfig fields, `name=int,...` (e.g. populate_threads=0)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -296,15 +269,15 @@ def main() -> None:
             return
         from pymc_chunkpost._config import configured
 
-        changes = {} if args.land_threads is None else {"land_threads": args.land_threads}
+        changes = {k: int(v) for k, v in (c.split("=") for c in args.config.split(",") if c)}
         with configured(**changes):
             record = _case(args)
         print(json.dumps(record | changes))
         return
     common = ["--gib", str(args.gib), "--draws", f"{args.chains}x{args.draws}"]
     common += ["--output-memory", args.output_memory]
-    if args.land_threads is not None:
-        common += ["--land-threads", str(args.land_threads)]
+    if args.config:
+        common += ["--config", args.config]
     script = str(Path(__file__).resolve())
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     bound = run_child(script, [*common, "--child", "bound"], env)

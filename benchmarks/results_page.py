@@ -459,6 +459,41 @@ def table_section(prefix: str, title: str) -> Callable[[Path], str | None]:
     return section
 
 
+def sample_route_tpu_section(folder: Path) -> str | None:
+    """`bench_sample_route.py --models huge_det` on a TPU (`accelerator_check.py --sections
+    huge_sample`): a patched `pm.sample` whose `Deterministic` is larger than the chip."""
+    stacks = by_stack(folder, r"sample_route_tpu_run\d+.*\.json")
+    if not stacks:
+        return None
+    out = ["## pm.sample with a Deterministic larger than the chip: TPU v5e"]
+    for stack, paths in stacks.items():
+        data = json.loads(paths[-1].read_text())
+        out += ["", f"### {_stack_label(stack)}", "", f"`benchmarks/results/{paths[-1].name}`"]
+        out += ["", data["header"].strip()]
+        out += [
+            "",
+            'On one chip the four chains run vectorized (`chain_method="vectorized"`). The peak '
+            "is the process's resident set above its size when `pm.sample` began; values: the "
+            "`Deterministic` against NumPy's `X @ beta` on three draws.",
+            "",
+            "| model | case | Deterministic | post-processing | pm.sample | peak RSS above the "
+            "start | allowed (1.10 x outputs + 1 GiB) | values (largest rel. diff.) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for model, cases in data["results"].items():
+            for case, runs in cases.items():
+                for r in runs:
+                    above = r["peak_rss_bytes"] - r["rss_start_bytes"]
+                    allowed = 1.10 * r["big_bytes"] + 2**30
+                    out.append(
+                        f"| {model} | {case} | {r['big_bytes'] / 2**30:.2f} GiB | "
+                        f"{r['postprocess_seconds']:.2f} s | {r['sample_seconds']:.1f} s | "
+                        f"{above / 2**30:.2f} GiB ({r['peak_method']}) | "
+                        f"{allowed / 2**30:.2f} GiB | {r['largest_relative_difference']:.1e} |"
+                    )
+    return "\n".join(out)
+
+
 #: The page's sections, in order. Each returns its markdown, or None to be left out.
 SECTIONS: list[Callable[[Path], str | None]] = [
     zoo_section,
@@ -477,6 +512,7 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     ),
     table_section("host_budget_cpu", "Outputs in host memory within a host budget: CPU"),
     table_section("host_budget_tpu", "Outputs in host memory within a host budget: TPU v5e"),
+    sample_route_tpu_section,
     table_section("accelerator_check_tpu", "The routes on a TPU v5e: compiles, cold and warm"),
 ]
 

@@ -50,6 +50,7 @@ from ._resources import (
     host_is_the_device,
     host_staging_room,
     lanes_for,
+    largest_output_bytes_per_draw,
     output_bytes_per_draw,
     output_memory_for,
 )
@@ -130,6 +131,9 @@ def _host_output_attempt(
         why, source = "a quarter of the device budget per chunk", "rule"
     if size > host_most:
         size, why = host_most, f"the chunks in flight to the host within {mib(host_most * staged)}"
+    land_most = max(1, current().land_chunk_bytes // largest_output_bytes_per_draw(problem))
+    if not cpu and chunk_size is None and current().land_chunk_bytes and size > land_most:
+        size, why = land_most, f"at most {mib(current().land_chunk_bytes)} of an output per chunk"
     while True:
         request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
         exe = _compile(call.jax_fn, problem, request)

@@ -8,6 +8,8 @@ decided here once, from the problem and the machine; the chunk plan (`_planner`)
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 from jax.sharding import Mesh
@@ -27,6 +29,7 @@ __all__ = [
     "host_staging_room",
     "host_is_the_device",
     "lanes_for",
+    "largest_output_bytes_per_draw",
     "output_bytes_per_draw",
     "output_memory_for",
     "resolve_budget",
@@ -93,6 +96,12 @@ def host_fits(problem: Problem, staging: int) -> bool:
     in flight, which live in the same memory) and `host_margin_bytes`."""
     needed = problem.output_bytes + staging + _host_margin()
     return needed <= host_free_bytes()
+
+
+def largest_output_bytes_per_draw(problem: Problem) -> int:
+    """Bytes per draw of the largest computed output (at least 1)."""
+    specs = [problem.out_specs[j] for j in problem.computed]
+    return max([math.prod(s.shape[2:]) * np.dtype(s.dtype).itemsize for s in specs] + [1])
 
 
 def output_bytes_per_draw(problem: Problem) -> int:

@@ -81,6 +81,29 @@ def test_an_accelerators_chunk_is_bounded_by_the_hosts_staging(wide_problem, ask
         assert quarter // (problem.per_item_bytes + problem.intermediate_bytes) > 64
 
 
+def test_an_accelerators_chunk_keeps_each_outputs_part_to_land_chunk_bytes(
+    wide_problem, asked, monkeypatch
+):
+    """Each output's part of a chunk lands in a host buffer the allocator reuses: at most
+    `land_chunk_bytes` of the largest output per chunk; 0 lifts the rule, and a requested
+    chunk size is kept."""
+    jax_fn, problem = wide_problem
+    largest = _resources.largest_output_bytes_per_draw(problem)
+    assert largest == 2000 * 8  # the 2,000-row deterministic, float64
+    per_draw = problem.output_bytes // problem.n_items
+    device_free = problem.output_bytes * 9 // 10  # the outputs go to the host
+    with configured(host_staging_bytes=64 * per_draw * _resources.STAGED_CHUNKS):
+        for cap, want in [(8 * largest + 1, 8), (0, 64)]:
+            with configured(land_chunk_bytes=cap), pytest.raises(_Asked):
+                _plan_on_tpu(jax_fn, problem, device_free, _plenty(problem), monkeypatch)
+            assert asked[-1] == want
+        with configured(land_chunk_bytes=8 * largest), pytest.raises(_Asked):
+            _plan_on_tpu(
+                jax_fn, problem, device_free, _plenty(problem), monkeypatch, chunk_size=20
+            )
+        assert asked[-1] == 20
+
+
 def test_a_requested_chunk_too_large_for_the_host_is_shrunk(wide_problem, asked, monkeypatch):
     jax_fn, problem = wide_problem
     per_draw = problem.output_bytes // problem.n_items

@@ -92,6 +92,60 @@ def test_chunks_written_by_several_threads_match_pymc(built, transfer, threads, 
     assert (sum(submitted) > 0) == (threads > 1)  # slices written by the pool's threads
 
 
+@pytest.mark.parametrize("populate_threads", [0, 1, 4])
+def test_outputs_populated_ahead_match_pymc(built, populate_threads, monkeypatch):
+    """An accelerator's outputs faulted in ahead of the landing by threads that write zeros
+    into their pages: every block is populated before it lands, never after, so every
+    output equals pymc's (blocks of a byte: a block per chunk, every thread busy)."""
+    from pymc_chunkpost import _host_output
+
+    model, jax_fn = built("data_regression")
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 31)]
+    blocks = []
+    init = _host_output._Populator.__init__
+
+    def spy(self, flats, starts, size, threads):
+        init(self, flats, starts, size, threads)
+        blocks.append(len(self.ready))
+
+    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 1)
+    monkeypatch.setattr(_host_output._Populator, "__init__", spy)
+    with configured(populate_threads=populate_threads):
+        outputs = run_host(jax_fn, raw, 4, Transfer.DIRECT)
+    assert_same(outputs, reference(jax_fn, raw), on_host=True)
+    assert blocks == [24 if populate_threads else 0]  # ceil(93 / 4) chunks, one per block
+
+
+def test_populating_never_writes_a_landed_block(monkeypatch):
+    """Populating threads that start late, after the landing would have written everything:
+    the landing waits for each block, so no zero lands after a chunk's values (every value
+    here is non-zero; without the wait, every row's first byte would be zero)."""
+    import concurrent.futures
+    import time
+
+    from pymc_chunkpost import _host_output
+
+    class Late(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            return super().submit(lambda: time.sleep(0.05) or fn(*args, **kwargs))
+
+    monkeypatch.setattr(_host_output.concurrent.futures, "ThreadPoolExecutor", Late)
+    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 1)  # a block per chunk
+    n, size, width = 64, 4, 4096  # a page per row: every row is written by the populator
+    flat = np.empty((n, width), np.uint8)
+    starts = chunk_starts(n, size)
+    populating = _host_output._Populator([flat], starts, size, threads=2)
+    try:
+        for k, start in enumerate(starts):
+            populating.wait(k)
+            flat[start : start + size] = k + 1
+        time.sleep(0.1)  # other outputs landing: the populating threads have started
+    finally:
+        populating.close()
+    assert (flat != 0).all()
+    assert len(populating.ready) == len(starts) and all(e.is_set() for e in populating.ready)
+
+
 @pytest.mark.parametrize("transfer", list(Transfer))
 def test_float32_and_integer_outputs(built, transfer):
     model, jax_fn = built("float32")
