@@ -371,6 +371,7 @@ class _Populator:
                 finally:
                     self.ready[block].set()
 
+        threads = min(threads, n_blocks)
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, "chunkpost-populate")
         for _ in range(threads):
             self.pool.submit(run)

@@ -98,9 +98,7 @@ def test_an_accelerators_chunk_keeps_each_outputs_part_to_land_chunk_bytes(
                 _plan_on_tpu(jax_fn, problem, device_free, _plenty(problem), monkeypatch)
             assert asked[-1] == want
         with configured(land_chunk_bytes=8 * largest), pytest.raises(_Asked):
-            _plan_on_tpu(
-                jax_fn, problem, device_free, _plenty(problem), monkeypatch, chunk_size=20
-            )
+            _plan_on_tpu(jax_fn, problem, device_free, _plenty(problem), monkeypatch, chunk_size=20)
         assert asked[-1] == 20
 
 
