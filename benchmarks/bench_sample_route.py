@@ -168,7 +168,8 @@ def header(repeats: int, draws: int) -> str:
 
     return (
         f'pymc {version("pymc")}, jax {version("jax")}: `pm.sample(nuts_sampler="numpyro", '
-        f"chains=4)`, {draws} draws, one chain per CPU device; medians of {repeats} fresh "
+        f"chains=4)`, {draws} draws, one chain per CPU device (on one accelerator the chains "
+        f"vectorized); medians of {repeats} fresh "
         "processes per case (post-processing also min-max). Post-processing s: pymc's "
         "`_postprocess_samples` calls (posterior and log-likelihood); loaded: plans whose "
         "executable came from the cache folder, of all plans; executable warnings: warnings "

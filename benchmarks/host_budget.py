@@ -110,6 +110,7 @@ def _case(args: argparse.Namespace) -> dict:
         "case": args.case,
         "platform": device.platform,
         "device": str(device.device_kind),
+        "jax": jax.__version__,
         "output_bytes": int(out_bytes),
         "host_budget": args.host_budget,
         "output_memory": args.output_memory,
@@ -215,6 +216,8 @@ def markdown(result: dict) -> tuple[str, str]:
     bound = result["bound"]
     ran = [c for c in result["cases"] if "seconds" in c]
     where = f"{ran[0]['platform']} ({ran[0]['device']})" if ran else "?"
+    if ran and "jax" in ran[0]:
+        where += f", jax {ran[0]['jax']}"
     header = (
         f"On {where}: the bound is {bound['bound']}, {bound['rate_gb_s']:.2f} GB/s. Peak host "
         "RSS above the call's start, against `1.10 x outputs + 1 GiB`; a host budget of half "

@@ -469,12 +469,13 @@ def sample_route_tpu_section(folder: Path) -> str | None:
     for stack, paths in stacks.items():
         data = json.loads(paths[-1].read_text())
         out += ["", f"### {_stack_label(stack)}", "", f"`benchmarks/results/{paths[-1].name}`"]
-        out += ["", data["header"].strip()]
+        versions = data["header"].split(":")[0]
         out += [
             "",
-            'On one chip the four chains run vectorized (`chain_method="vectorized"`). The peak '
-            "is the process's resident set above its size when `pm.sample` began; values: the "
-            "`Deterministic` against NumPy's `X @ beta` on three draws.",
+            f'{versions}: a patched `pm.sample(nuts_sampler="numpyro", chains=4)`, '
+            f"{data['draws']} draws, the four chains vectorized on the one chip, in a fresh "
+            "process. The peak is the process's resident set above its size when `pm.sample` "
+            "began; values: the `Deterministic` against NumPy's `X @ beta` on three draws.",
             "",
             "| model | case | Deterministic | post-processing | pm.sample | peak RSS above the "
             "start | allowed (1.10 x outputs + 1 GiB) | values (largest rel. diff.) |",

@@ -38,6 +38,7 @@ caller once every chunk has landed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import math
 import mmap
@@ -293,10 +294,6 @@ def stream_to_host(
     transfer = default_transfer(device) if transfer is None else Transfer(transfer)
     pinned = SingleDeviceSharding(device, memory_kind=PINNED_HOST)
     starts = chunk_starts(n, size)
-    writers = _Writers(1 if transfer is Transfer.VIEW else current().land_threads)
-    # An accelerator's outputs: their pages faulted in ahead of the landing, off its thread.
-    threads = 0 if transfer is Transfer.VIEW else current().populate_threads
-    populating = _Populator(flats, starts, size, threads)
 
     def dispatch(k):
         ys = compiled_chunk(samples, np.int32(starts[k]))
@@ -310,23 +307,25 @@ def stream_to_host(
 
     def land(k, ys):
         start, written = starts[k], k * size  # the last chunk's overlap is already written
-        populating.wait(k)
+        populating.wait(k, n)
         for flat, y in zip(flats, ys, strict=True):
             # A zero-copy view (CPU memory or pinned host memory), or the runtime's host
             # copy (DIRECT); blocks until it is ready.
             view = np.asarray(y)
             writers.copy(flat[written : start + size], view[written - start :])
 
-    try:
+    with contextlib.ExitStack() as threads_to_end:
+        writers = _Writers(1 if transfer is Transfer.VIEW else current().land_threads)
+        threads_to_end.callback(writers.close)
+        # An accelerator's outputs: their pages faulted in ahead of the landing, off its thread.
+        populate = 0 if transfer is Transfer.VIEW else current().populate_threads
+        populating = _Populator(flats, size, populate)
+        threads_to_end.callback(populating.close)
         _in_lanes(dispatch, land, len(starts), int(lanes), size, n, on_progress)
-    finally:
-        populating.close()
-        writers.close()
     return out
 
 
-#: The outputs are faulted in ahead of the landing in blocks of whole chunks of at least this
-#: many bytes (every output's rows of those chunks).
+#: The populating threads take each output's bytes in blocks of this many (the last one less).
 POPULATE_BLOCK_BYTES = 32 * 2**20
 
 
@@ -334,52 +333,61 @@ class _Populator:
     """Host threads that fault in the pages of the outputs ahead of the landing: the
     kernel's work of a first touch, off the landing's thread and spread over several.
 
-    The outputs' rows are cut into blocks of whole chunks, populated in the order chunks
-    land, each by one thread that writes a zero into every page of every output's rows of
-    that block. Invariant: a block is written by its populating thread before the landing
-    writes any of it, never after: `land` waits for the block's event (set also where the
-    populating failed or stopped, and then the landing touches the pages itself)."""
+    Each output's bytes are cut into blocks of `POPULATE_BLOCK_BYTES`, taken in the order
+    the chunks land (by how far into its output each block starts), each by one thread
+    that writes a zero into every page of the block. Invariant: a block is written by its
+    populating thread before the landing writes any of it, never after: `wait(k)` returns
+    once every block that chunk `k`'s rows overlap has its event set, and a block's event
+    is set once its thread is done with it (or skipped it: after `close`, or after any
+    thread's error, every block left is skipped, and the landing touches its pages)."""
 
-    def __init__(
-        self, flats: Sequence[np.ndarray], starts: Sequence[int], size: int, threads: int
-    ) -> None:
+    def __init__(self, flats: Sequence[np.ndarray], size: int, threads: int) -> None:
         self.stop = threading.Event()
-        self.pool = None
-        chunk_bytes = sum(f.nbytes // max(len(f), 1) for f in flats) * size
-        self.per_block = max(1, POPULATE_BLOCK_BYTES // max(chunk_bytes, 1))
-        n_blocks = -(-len(starts) // self.per_block) if threads > 0 and flats else 0
-        self.ready = [threading.Event() for _ in range(n_blocks)]
-        if not n_blocks:
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.size, self.block = size, POPULATE_BLOCK_BYTES
+        self.rows = [f.nbytes // max(len(f), 1) for f in flats]
+        counts = [-(-f.nbytes // self.block) if threads > 0 else 0 for f in flats]
+        self.ready = [[threading.Event() for _ in range(c)] for c in counts]
+        order = sorted(
+            ((b / c, j, b) for j, c in enumerate(counts) for b in range(c)), key=lambda t: t[:2]
+        )
+        if not order:
             return
-        n = len(flats[0])
         pages = [f.reshape(-1).view(np.uint8) for f in flats]
-        rows = [f.nbytes // max(len(f), 1) for f in flats]
-        taken, lock = iter(range(n_blocks)), threading.Lock()
+        taken, lock = iter(order), threading.Lock()
 
         def run() -> None:
             while True:
                 with lock:
-                    block = next(taken, None)
-                if block is None:
+                    item = next(taken, None)
+                if item is None:
                     return
+                _, j, b = item
                 try:
                     if not self.stop.is_set():
-                        first = block * self.per_block * size
-                        last = min((block + 1) * self.per_block * size, n)
-                        for flat, row in zip(pages, rows):
-                            flat[first * row : last * row : mmap.PAGESIZE] = 0
+                        pages[j][b * self.block : (b + 1) * self.block : mmap.PAGESIZE] = 0
+                except Exception:  # noqa: BLE001 - the landing touches the pages instead
+                    self.stop.set()
                 finally:
-                    self.ready[block].set()
+                    self.ready[j][b].set()
 
-        threads = min(threads, n_blocks)
-        self.pool = concurrent.futures.ThreadPoolExecutor(threads, "chunkpost-populate")
-        for _ in range(threads):
-            self.pool.submit(run)
+        workers = min(threads, len(order))
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, "chunkpost-populate")
+        try:
+            for _ in range(workers):
+                self.pool.submit(run)
+        except BaseException:  # a thread that could not start: none is left running
+            self.close()
+            raise
 
-    def wait(self, k: int) -> None:
-        """Block until chunk `k`'s rows are populated (or will not be)."""
-        if self.ready:
-            self.ready[k // self.per_block].wait()
+    def wait(self, k: int, n: int) -> None:
+        """Block until every block that rows `[k * size, min((k + 1) * size, n))` of the
+        outputs overlap is populated (or skipped)."""
+        first, last = k * self.size, min((k + 1) * self.size, n)
+        for events, row in zip(self.ready, self.rows):
+            if events and last > first and row:
+                for b in range(first * row // self.block, (last * row - 1) // self.block + 1):
+                    events[b].wait()
 
     def close(self) -> None:
         """Stop populating (the blocks not begun are skipped) and wait for the threads."""

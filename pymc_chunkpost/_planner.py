@@ -39,6 +39,7 @@ from . import _executor, _tuning
 from ._chunked import resolve_chunk_size
 from ._config import current
 from ._executor import CompileOutOfMemory, Executable, distrust_foreign, persist, release
+from ._host_output import Transfer, default_transfer
 from ._memory import free_bytes
 from ._messages import budget_text, mib, warn
 from ._problem import Problem, cpu_cores, is_out_of_memory, product_bytes
@@ -131,9 +132,10 @@ def _host_output_attempt(
         why, source = "a quarter of the device budget per chunk", "rule"
     if size > host_most:
         size, why = host_most, f"the chunks in flight to the host within {mib(host_most * staged)}"
-    land_most = max(1, current().land_chunk_bytes // largest_output_bytes_per_draw(problem))
-    if not cpu and chunk_size is None and current().land_chunk_bytes and size > land_most:
-        size, why = land_most, f"at most {mib(current().land_chunk_bytes)} of an output per chunk"
+    if chunk_size is None and _small_host_copies_pay(problem):
+        most = current().land_chunk_bytes // largest_output_bytes_per_draw(problem)
+        if size > most:
+            size, why = most, f"at most {mib(current().land_chunk_bytes)} of an output per chunk"
     while True:
         request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
         exe = _compile(call.jax_fn, problem, request)
@@ -158,6 +160,21 @@ def _host_output_attempt(
             )
         why = "halved until the device's compiled peak fits the budget"
         size = smaller(n, size)
+
+
+def _small_host_copies_pay(problem: Problem) -> bool:
+    """Whether chunks landed in host memory should keep each output's part within
+    `land_chunk_bytes`: where the runtime's host copy of a chunk is a buffer of its own
+    (`Transfer.DIRECT`, a TPU's), which the allocator reuses only while it is small; where
+    threads populate the outputs (small chunks written into fresh pages by one thread were
+    slower still); and where one draw fits (docs/host_output.md, "Fresh host pages")."""
+    config = current()
+    try:
+        direct = default_transfer(problem.device) is Transfer.DIRECT
+    except ValueError:  # no host memory kind: no host outputs either
+        return False
+    fits = 0 < largest_output_bytes_per_draw(problem) <= config.land_chunk_bytes
+    return direct and config.populate_threads > 0 and fits
 
 
 def loop_for(problem: Problem) -> Loop:

@@ -84,19 +84,26 @@ def test_an_accelerators_chunk_is_bounded_by_the_hosts_staging(wide_problem, ask
 def test_an_accelerators_chunk_keeps_each_outputs_part_to_land_chunk_bytes(
     wide_problem, asked, monkeypatch
 ):
-    """Each output's part of a chunk lands in a host buffer the allocator reuses: at most
-    `land_chunk_bytes` of the largest output per chunk; 0 lifts the rule, and a requested
-    chunk size is kept."""
+    """On a TPU each output's part of a chunk lands in a host buffer the allocator reuses:
+    at most `land_chunk_bytes` of the largest output per chunk. Not where the cap is 0, where
+    no thread populates the outputs, where one draw's output is larger than the cap, or
+    where a chunk size was requested."""
     jax_fn, problem = wide_problem
     largest = _resources.largest_output_bytes_per_draw(problem)
     assert largest == 2000 * 8  # the 2,000-row deterministic, float64
     per_draw = problem.output_bytes // problem.n_items
     device_free = problem.output_bytes * 9 // 10  # the outputs go to the host
+    cases = [
+        ({"land_chunk_bytes": 8 * largest + 1}, 8),
+        ({"land_chunk_bytes": 0}, 64),
+        ({"land_chunk_bytes": 8 * largest, "populate_threads": 0}, 64),
+        ({"land_chunk_bytes": largest - 1}, 64),
+    ]
     with configured(host_staging_bytes=64 * per_draw * _resources.STAGED_CHUNKS):
-        for cap, want in [(8 * largest + 1, 8), (0, 64)]:
-            with configured(land_chunk_bytes=cap), pytest.raises(_Asked):
+        for changes, want in cases:
+            with configured(**changes), pytest.raises(_Asked):
                 _plan_on_tpu(jax_fn, problem, device_free, _plenty(problem), monkeypatch)
-            assert asked[-1] == want
+            assert asked[-1] == want, changes
         with configured(land_chunk_bytes=8 * largest), pytest.raises(_Asked):
             _plan_on_tpu(jax_fn, problem, device_free, _plenty(problem), monkeypatch, chunk_size=20)
         assert asked[-1] == 20

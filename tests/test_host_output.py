@@ -95,8 +95,7 @@ def test_chunks_written_by_several_threads_match_pymc(built, transfer, threads, 
 @pytest.mark.parametrize("populate_threads", [0, 1, 4])
 def test_outputs_populated_ahead_match_pymc(built, populate_threads, monkeypatch):
     """An accelerator's outputs faulted in ahead of the landing by threads that write zeros
-    into their pages: every block is populated before it lands, never after, so every
-    output equals pymc's (blocks of a byte: a block per chunk, every thread busy)."""
+    into their pages, a block per page: every output equals pymc's."""
     from pymc_chunkpost import _host_output
 
     model, jax_fn = built("data_regression")
@@ -104,22 +103,21 @@ def test_outputs_populated_ahead_match_pymc(built, populate_threads, monkeypatch
     blocks = []
     init = _host_output._Populator.__init__
 
-    def spy(self, flats, starts, size, threads):
-        init(self, flats, starts, size, threads)
-        blocks.append(len(self.ready))
+    def spy(self, flats, size, threads):
+        init(self, flats, size, threads)
+        blocks.append((sum(map(len, self.ready)), sum(-(-f.nbytes // 4096) for f in flats)))
 
-    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 1)
+    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 4096)
     monkeypatch.setattr(_host_output._Populator, "__init__", spy)
     with configured(populate_threads=populate_threads):
         outputs = run_host(jax_fn, raw, 4, Transfer.DIRECT)
     assert_same(outputs, reference(jax_fn, raw), on_host=True)
-    assert blocks == [24 if populate_threads else 0]  # ceil(93 / 4) chunks, one per block
+    ((made, pages),) = blocks
+    assert made == (pages if populate_threads else 0)
 
 
-def test_populating_never_writes_a_landed_block(monkeypatch):
-    """Populating threads that start late, after the landing would have written everything:
-    the landing waits for each block, so no zero lands after a chunk's values (every value
-    here is non-zero; without the wait, every row's first byte would be zero)."""
+def _late_populating(monkeypatch, delay):
+    """The populating threads start `delay` seconds after they are asked to."""
     import concurrent.futures
     import time
 
@@ -127,23 +125,67 @@ def test_populating_never_writes_a_landed_block(monkeypatch):
 
     class Late(concurrent.futures.ThreadPoolExecutor):
         def submit(self, fn, /, *args, **kwargs):
-            return super().submit(lambda: time.sleep(0.05) or fn(*args, **kwargs))
+            return super().submit(lambda: time.sleep(delay) or fn(*args, **kwargs))
 
     monkeypatch.setattr(_host_output.concurrent.futures, "ThreadPoolExecutor", Late)
-    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 1)  # a block per chunk
-    n, size, width = 64, 4, 4096  # a page per row: every row is written by the populator
-    flat = np.empty((n, width), np.uint8)
-    starts = chunk_starts(n, size)
-    populating = _host_output._Populator([flat], starts, size, threads=2)
-    try:
-        for k, start in enumerate(starts):
-            populating.wait(k)
-            flat[start : start + size] = k + 1
-        time.sleep(0.1)  # other outputs landing: the populating threads have started
-    finally:
-        populating.close()
-    assert (flat != 0).all()
-    assert len(populating.ready) == len(starts) and all(e.is_set() for e in populating.ready)
+
+
+def _rows_of(n, width=1024):
+    """A chunk step whose draw `i` is `width` int32 values `257 * (i + 1)` (no byte of the
+    first is zero for `i < 255`), its draws `(1, n)`, its output's spec, and the values."""
+
+    def per_draw(x):
+        return [jnp.full((width,), 257, jnp.int32) * (x + 1)]
+
+    raw = [jnp.arange(n, dtype=jnp.int32).reshape(1, n)]
+    spec = jax.ShapeDtypeStruct((1, n, width), np.int32)
+    want = np.broadcast_to(257 * np.arange(1, n + 1, dtype=np.int32)[:, None], (n, width))
+    return per_draw, raw, spec, want
+
+
+def test_populating_never_writes_a_landed_block(monkeypatch):
+    """Populating threads that start late, while the landing is under way: the landing
+    waits for every block a chunk overlaps, so no zero lands after a chunk's values
+    (without the wait, the rows landed before the threads start get zero bytes)."""
+    import time
+
+    from pymc_chunkpost import _host_output
+
+    n, size = 64, 4
+    per_draw, raw, spec, want = _rows_of(n)
+    step = compile_host_chunks(per_draw, specs_of(raw), size)
+    _late_populating(monkeypatch, 0.02)
+    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 3 * 4096)  # blocks across rows
+    with configured(populate_threads=2):
+        (out,) = stream_to_host(
+            step, raw, n, size, [spec], lambda *_: time.sleep(0.003), transfer=Transfer.DIRECT
+        )
+    np.testing.assert_array_equal(out[0], want)
+
+
+def test_a_failing_populating_thread_leaves_the_landing_to_touch_the_pages(monkeypatch):
+    """A populating thread that raises (here: a page size of 0, an invalid slice step) stops
+    the populating; the landing waits for nothing more and writes every value."""
+    import threading
+
+    from pymc_chunkpost import _host_output
+
+    n, size = 64, 4
+    per_draw, raw, spec, want = _rows_of(n)
+    step = compile_host_chunks(per_draw, specs_of(raw), size)
+    monkeypatch.setattr(_host_output, "POPULATE_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(_host_output.mmap, "PAGESIZE", 0)
+    result = []
+
+    def call():
+        with configured(populate_threads=2):
+            result.extend(stream_to_host(step, raw, n, size, [spec], transfer=Transfer.DIRECT))
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the landing waited for blocks no thread populates"
+    np.testing.assert_array_equal(result[0][0], want)
 
 
 @pytest.mark.parametrize("transfer", list(Transfer))
