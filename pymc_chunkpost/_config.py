@@ -159,15 +159,16 @@ class PlannerConfig:
             of the transfer, and one thread left a TPU v5e's 17.6 GB at 20% of the
             device-to-host copy's rate. On a CPU the cores compute instead: one thread.
         land_slice_bytes: ...so that a small chunk is written by one thread.
-        land_chunk_bytes: an accelerator's chunk landed in host memory holds at most this
-            many bytes of any one output: the runtime's host copy of a buffer this small
-            comes from memory the allocator reuses, where a larger one comes as fresh pages
-            every chunk (on a TPU v5e, chunks of 16 MiB streamed at 5.4-5.8 GB/s, chunks of
-            170 MiB at 2.6 GB/s). 0: no such limit.
+        land_chunk_bytes: on a TPU, while threads populate the outputs, a chunk landed in
+            host memory holds at most this many bytes of any one output (where one draw's
+            fits): the runtime's host copy of a buffer this small comes from memory the
+            allocator reuses, where a larger one comes as fresh pages every chunk (on a TPU
+            v5e, chunks of 13.5 MiB streamed at 5.4-5.8 GB/s into touched outputs, chunks of
+            167 MiB at 2.6 GB/s). 0: no such limit.
         populate_threads: host threads that fault in the pages of an accelerator's outputs
             in host memory ahead of the landing, a zero into each page of a block before
             the block lands: a TPU v5e's host touches fresh pages at 1 GB/s per thread
-            (2.8 GB/s with 8), slower than the device-to-host copy; its 17.6 GB took 6.6 s
+            (2.8 GB/s with 8), slower than the device-to-host copy; its 17.6 GiB took 6.6 s
             with 8 threads, 7.2 s with 4. 0: the landing touches them.
 
     Memory and the on-disk store:

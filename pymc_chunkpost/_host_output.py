@@ -398,8 +398,9 @@ class _Populator:
 
 class _Writers:
     """Host threads that write a landed chunk into its place, in slices along its first axis
-    (numpy releases the GIL for the copy): the first touch of fresh output pages, spread over
-    cores that an accelerator leaves idle. One thread: a plain assignment."""
+    (numpy releases the GIL for the copy), on cores that an accelerator leaves idle: the
+    copy, and the first touch of any page that no populating thread reached first. One
+    thread: a plain assignment."""
 
     def __init__(self, threads: int) -> None:
         self.threads = max(int(threads), 1)
