@@ -178,11 +178,11 @@ def compile_pinned_output(fn, specs, chunk_size):
     Its chunks are read as views (`Transfer.VIEW`): the copy is part of each chunk's program."""
     import jax
     import numpy as np
-    from jax.sharding import SingleDeviceSharding
+    from jax.sharding import make_single_device_sharding
 
     from pymc_chunkpost._host_output import host_chunk_function
 
-    sharding = SingleDeviceSharding(jax.devices()[0])
+    sharding = make_single_device_sharding(jax.devices()[0])
     chains, draws = specs[0].shape[:2]
     chunk = host_chunk_function(fn, chains * draws, chunk_size)
     args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]

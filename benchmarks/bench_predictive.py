@@ -20,11 +20,14 @@ are timed. Speed-ups are medians of the run-by-run ratios.
 rows x 4,000 draws: 0.9 GiB of predictive draws, the floor), as `bench_posthoc` does.
 `--rng` measures the random-number throughput bound: 80M float64 normals from JAX's PRNG
 implementations (threefry2x32, rbg, unsafe_rbg, and threefry with its hash unrolled: compile
-and run), from the route's own normals (`route`: those bits through AS 241), from numpy's
+and run), from the route's own normals (`route`: those bits through AS 241, compiled as the
+route compiles random draws on a CPU, `random_vector_width`; `route_xla_width`: at XLA's
+default vector width), from numpy's
 generator and from numba's (`Generator.standard_normal` in a jitted function, as pymc 6's
 default backend draws; where numba is installed),
 and the route on `hier_20k` under each JAX implementation (`JAX_DEFAULT_PRNG_IMPL`), with a
-two-sample KS test of its draws against threefry's (the same distribution).
+two-sample KS test of its draws against threefry's (the same distribution); `--rng-bound`
+measures the 80M normals alone.
 The results go to `--json` (default `benchmarks/results/bench_predictive_py3<minor>.json`).
 """
 
@@ -52,6 +55,7 @@ METHODS = ("ours", "pymc_jax", "pymc_default")
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 UNROLLED = "threefry2x32_unrolled"  # `_compat.unrolled_threefry`: threefry's bits, hashed unrolled
 ROUTE = "route"  # the route's own float64 normals (`_samplers._standard_normal`, AS 241)
+ROUTE_XLA_WIDTH = "route_xla_width"  # the same, compiled at XLA's default vector width
 NUMBA = "numba"  # numba's `Generator.standard_normal` (ziggurat), as pymc 6's default draws
 CHAINS, DRAWS = 4, 1000
 N_NORMALS = 80_000_000
@@ -204,12 +208,20 @@ def rng_child(impl: str) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    draw = jax.random.normal
-    if impl == ROUTE:
+    draw, options = jax.random.normal, {}
+    if impl in (ROUTE, ROUTE_XLA_WIDTH):
         from pymc_chunkpost import _samplers
+        from pymc_chunkpost._compat import PREFER_VECTOR_WIDTH
+        from pymc_chunkpost._config import current
 
         draw = _samplers._standard_normal
-    if impl in (UNROLLED, ROUTE):  # threefry's bits, the hash unrolled (the route's samplers')
+        if impl == ROUTE:
+            options = {PREFER_VECTOR_WIDTH: current().random_vector_width}
+    if impl in (
+        UNROLLED,
+        ROUTE,
+        ROUTE_XLA_WIDTH,
+    ):  # threefry's bits, the hash unrolled (the route's samplers')
         from pymc_chunkpost._compat import unrolled_threefry
 
         key = jax.random.wrap_key_data(
@@ -219,12 +231,13 @@ def rng_child(impl: str) -> dict:
         key = jax.random.key(0, impl=impl)
     tic = time.perf_counter()
     normal = jax.jit(lambda k: draw(k, (N_NORMALS,), "float64"))
-    compiled = normal.lower(key).compile()
+    compiled = normal.lower(key).compile(compiler_options=options)
     compile_s = time.perf_counter() - tic
     compiled(key).block_until_ready()
     tic = time.perf_counter()
     compiled(jax.random.fold_in(key, 1)).block_until_ready()
-    return {"impl": impl, "run_s": time.perf_counter() - tic, "compile_s": compile_s}
+    result = {"impl": impl, "run_s": time.perf_counter() - tic, "compile_s": compile_s}
+    return result | {"compiler_options": options}
 
 
 def run_child(args: list[str], env: dict | None = None) -> dict:
@@ -269,18 +282,19 @@ def memory(repeats: int) -> list[dict]:
     return runs
 
 
-def prng(repeats: int) -> dict:
-    """The RNG-throughput bound, and the route on hier_20k under each JAX implementation."""
+def prng(repeats: int, bound_only: bool = False) -> dict:
+    """The RNG-throughput bound, and the route on hier_20k under each JAX implementation
+    (not with `bound_only`)."""
     from scipy import stats
 
     bound = [
         run_child(["--rng-child", impl])
         for _ in range(repeats)
-        for impl in (*IMPLS, UNROLLED, ROUTE, "numpy", NUMBA)
+        for impl in (*IMPLS, UNROLLED, ROUTE, ROUTE_XLA_WIDTH, "numpy", NUMBA)
         if impl != NUMBA or importlib.util.find_spec("numba")
     ]
     route, samples = [], {}
-    for repeat in range(repeats):
+    for repeat in range(0 if bound_only else repeats):
         for impl in IMPLS:
             with tempfile.TemporaryDirectory() as cache:
                 env = {"PYMC_CHUNKPOST_CACHE_DIR": cache, "JAX_DEFAULT_PRNG_IMPL": impl}
@@ -337,6 +351,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="peak memory on hier_30k")
     parser.add_argument("--rng", action="store_true", help="the RNG-throughput bound")
+    parser.add_argument(
+        "--rng-bound", action="store_true", help="with --rng: the 80M normals alone"
+    )
     parser.add_argument("--out", default=None, help="write the markdown table here")
     default_json = (
         ROOT / "benchmarks" / "results" / f"bench_predictive_py3{sys.version_info[1]}.json"
@@ -368,7 +385,7 @@ def main() -> None:
     if args.memory:
         result["memory"] = memory(max(1, min(args.repeats, 3)))
     if args.rng:
-        result["rng"] = prng(max(1, min(args.repeats, 3)))
+        result["rng"] = prng(max(1, min(args.repeats, 3)), args.rng_bound)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 

@@ -29,7 +29,7 @@ from pymc_chunkpost import _program
 mib, how = float(sys.argv[1]), sys.argv[2]
 specs = [jax.ShapeDtypeStruct((4, 1000, max(1, int(mib * 2**20 / 8 / 4000))), np.float64),
          jax.ShapeDtypeStruct((4, 1000, 3), np.float64)]
-sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+sharding = jax.sharding.make_single_device_sharding(jax.devices()[0])
 jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()  # JAX's first-lowering costs
 tic = time.perf_counter()
 if how == "host":

@@ -1,10 +1,10 @@
 """Every workaround for a version of jax, jaxlib or XLA, each behind an explicit version check.
 
 The floor is jax 0.10 (`pyproject.toml`): CI tests jax and jaxlib 0.10.2 (Python 3.11, pymc
-5.28) and 0.12 (Python 3.12, pymc 6.4). A workaround for a version below the floor is deleted,
-not kept. Each one here says on which versions it was seen, and `tests/test_compat.py` tests
-the path that each CI stack runs, so that a jax that fixes (or changes) what it works around
-fails a test instead of keeping a stale workaround.
+5.28) and the newest for Python 3.12, now 0.12.1 (pymc 6.4). A workaround for a version below
+the floor is deleted, not kept. Each one here says on which versions it was seen, and
+`tests/test_compat.py` tests the path that each CI stack runs, so that a jax that fixes (or
+changes) what it works around fails a test instead of keeping a stale workaround.
 
 1. jaxlib before 0.11 can deadlock when all the CPU devices of a process run LAPACK kernels
    at once (`lapack_may_deadlock`): the shards run one after another.
@@ -19,10 +19,16 @@ fails a test instead of keeping a stale workaround.
 6. jax hashes threefry on a CPU in a rolled loop, which runs slower than the same hash
    unrolled and, on jaxlib 0.12, on one thread (`unrolled_threefry`); `split_key_at` is one
    key of a split, hashed unrolled.
+7. jax 0.12.1 passes a program's large constants as arguments, outside its text
+   (`constants_in_program` keeps them in it); `const_args` reads what a compiled program
+   holds apart.
+8. `serialize_executable`'s pickled tuple gained a version and the constants in jax 0.12.1
+   (`serialized_parts` reads both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -30,10 +36,14 @@ from typing import Any
 
 __all__ = [
     "CALLS",
+    "const_args",
+    "constants_in_program",
+    "serialized_parts",
     "JAX_FLOOR",
     "LAPACK_PRIMITIVES",
     "LIBRARY_FUSION_MARK",
     "NO_LIBRARY_FUSIONS",
+    "PREFER_VECTOR_WIDTH",
     "elementwise_batchers",
     "jaxlib_version",
     "lapack_may_deadlock",
@@ -108,6 +118,10 @@ def unserializable_after_run(platform: str) -> frozenset[str]:
 NO_LIBRARY_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 #: What marks a library fusion in the compiled HLO's text.
 LIBRARY_FUSION_MARK = "__ynn_fusion"
+#: XLA's CPU compile option for the preferred vector width in bits (`PlannerConfig.
+#: random_vector_width`), an option of jaxlib 0.10.2 and 0.12.1 alike. A jaxlib that drops it
+#: rejects it when compiling; the executor then compiles without it.
+PREFER_VECTOR_WIDTH = "xla_cpu_prefer_vector_width"
 
 _SHAPE = re.compile(r"%([\w.-]+) = \w+\[([\d,]*)\]")
 _PARAM = re.compile(r"([\w.-]+): \w+\[([\d,]*)\]")
@@ -275,3 +289,52 @@ def split_key_at(key_data: Any, index: Any) -> Any:
         key_data[0], key_data[1], jnp.zeros_like(index), index, use_rolled_loops=False
     )
     return jnp.stack([bits1, bits2])
+
+
+# 7. jax 0.12.1 turns `jax_use_simplified_jaxpr_constants` on by default (off on jax 0.10.2 and
+#    0.12.0): a closed-over constant over `jax_embedded_constants_max_bytes` (1 KiB) is passed
+#    to the compiled program as an argument (`const_args`), no longer written into its lowered
+#    text, and `serialize_executable` stores it with the machine code. The on-disk store names
+#    a program by that text (`_executable_store`): on jax 0.12.1 a model whose `pm.Data` took
+#    new values of the same shapes loaded the old values' executable, and ran with the old
+#    values. The executor lowers every program with the flag off, its constants in its text,
+#    as on the jax versions before; where a jax has no such flag, `const_args` finds what a
+#    program holds apart, and the store neither saves nor moves such a program.
+
+
+def constants_in_program() -> contextlib.AbstractContextManager:
+    """Within it, jax writes the constants of what it traces and lowers into the program's
+    text, as jax 0.10.2 and 0.12.0 do by default (item 7); a no-op where jax lacks the flag."""
+    try:
+        from jax._src import config
+
+        return config.use_simplified_jaxpr_constants(False)
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
+
+
+def const_args(compiled: Any) -> list:
+    """The constants that `compiled` (a `jax.stages.Compiled`) is passed beside its
+    arguments, apart from its machine code (item 7); empty where jax keeps none apart."""
+    return list(getattr(getattr(compiled, "_params", None), "const_args", None) or [])
+
+
+# 8. What `jax.experimental.serialize_executable.serialize` pickles, read back by
+#    `_executable_store.relocate` (which loads it onto another device, as no public API does):
+#    `(unloaded, args_info, no_kwargs)` on jax 0.10.2 and 0.12.0; on jax 0.12.1 (its version
+#    3) `(3, unloaded, args_info, no_kwargs, const_args)`. Another version raises.
+
+#: The versions of `serialize_executable`'s tuple that `serialized_parts` reads.
+SERIALIZED_VERSIONS = (3,)
+
+
+def serialized_parts(loaded: Any) -> tuple[Any, list, bool, list]:
+    """(unloaded executable, flat args info, no_kwargs, const_args) of what
+    `serialize_executable.serialize` pickled, unpickled (item 8)."""
+    if isinstance(loaded, tuple) and len(loaded) == 3:
+        unloaded, args_info, no_kwargs = loaded
+        return unloaded, args_info, no_kwargs, []
+    if isinstance(loaded, tuple) and len(loaded) == 5 and loaded[0] in SERIALIZED_VERSIONS:
+        _, unloaded, args_info, no_kwargs, constants = loaded
+        return unloaded, args_info, no_kwargs, list(constants)
+    raise ValueError("an executable serialized in a layout this package does not read")

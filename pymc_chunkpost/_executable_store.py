@@ -35,6 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._compat import const_args, serialized_parts
 from ._config import current
 from ._disk import cache_dir, later, read_bytes, trusted, write_bytes
 
@@ -50,8 +51,9 @@ __all__ = [
     "loading_stopped",
 ]
 
-#: Bumped when the file layout changes; older files are then never read.
-MAGIC = b"pymc_chunkpost-executable-3\n"
+#: Bumped when the file layout, or what a file may hold, changes; older files are then never
+#: read. (4: files of 3 written under jax 0.12.1 may hold their constants apart, `_compat` 7.)
+MAGIC = b"pymc_chunkpost-executable-4\n"
 SUBFOLDER = "executables"
 
 #: Set once this jaxlib failed to load a whole, checksummed file: nothing more is stored,
@@ -155,10 +157,13 @@ class Portable:
 
 
 def portable(compiled: Any) -> Portable | None:
-    """`compiled` (just compiled by XLA) as a `Portable`; None where it cannot be
-    serialized."""
+    """`compiled` (just compiled by XLA) as a `Portable`; None where it cannot be serialized,
+    or where it holds constants apart from its text (`_compat.const_args`): the digest that
+    names it would not see them."""
     from jax.experimental import serialize_executable
 
+    if const_args(compiled):
+        return None
     try:
         devices = tuple(d.id for d in compiled.runtime_executable().local_devices())
         payload, in_tree, out_tree = serialize_executable.serialize(compiled)
@@ -242,9 +247,10 @@ def relocate(code: Portable, device: Any) -> Any:
             device_assignment=np.array([[device]]),
             backend=device.client,
         )
-        unloaded, args_info, no_kwargs = _Relocating(
-            io.BytesIO(code.payload), device, options
-        ).load()
+        loaded = _Relocating(io.BytesIO(code.payload), device, options).load()
+        unloaded, args_info, no_kwargs, constants = serialized_parts(loaded)
+        if constants:  # never stored (`portable`): they would be on another device
+            return None
         moved = jax.stages.Compiled(
             unloaded.load(),
             [],

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _executable_store
 from ._cache import FunctionCache
-from ._compat import NO_LIBRARY_FUSIONS, unserializable_after_run
+from ._compat import PREFER_VECTOR_WIDTH, constants_in_program, unserializable_after_run
 from ._config import current
 from ._host_output import aligned_empty, stream_to_host
 from ._memory import release_freed_heap
@@ -202,7 +202,10 @@ def _compile_to_host(program: Program) -> Executable:
     """The chunk steps of outputs in host memory, one per device; never stored or moved."""
     problem = program.problem
     tic = time.perf_counter()
-    steps = {device: step.lower(*args).compile() for device, step, args in program.host_steps}
+    options = program.request.compiler_options()
+    with constants_in_program():
+        lowered = {device: step.lower(*args) for device, step, args in program.host_steps}
+    steps = {device: _compile_step(step, options) for device, step in lowered.items()}
     compile_seconds = time.perf_counter() - tic
     _after_compile(problem, "host")
     out_specs = [problem.out_specs[j] for j in problem.computed]
@@ -291,12 +294,15 @@ def _no_outputs() -> list:
 
 
 def _lower(program: Program) -> list[Any]:
-    """The step lowered (and the fill, where it is compiled)."""
-    with warnings.catch_warnings():
+    """The step lowered (and the fill, where it is compiled).
+
+    Invariant: the constants are in the lowered text (`_compat.constants_in_program`), which
+    names the program in the on-disk store."""
+    with warnings.catch_warnings(), constants_in_program():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         lowered = [program.step.lower(*program.args)]
-    if program.fill is not None:
-        lowered.append(program.fill.lower())
+        if program.fill is not None:
+            lowered.append(program.fill.lower())
     return lowered
 
 
@@ -334,11 +340,22 @@ def _compile(
         if program.fill is not None and init is None:
             pending = pool.submit(lowereds[1].compile)
         if compiled is None:
-            options = {} if program.request.library_fusions else NO_LIBRARY_FUSIONS
-            compiled = lowereds[0].compile(compiler_options=options)
+            compiled = _compile_step(lowereds[0], program.request.compiler_options())
         if pending is not None:
             init = pending.result()
     return compiled, init
+
+
+def _compile_step(lowered: Any, options: dict[str, Any]) -> Any:
+    """`lowered` compiled with `options`; without the preferred vector width where this XLA
+    rejects that option (`_compat.PREFER_VECTOR_WIDTH`)."""
+    try:
+        return lowered.compile(compiler_options=options)
+    except Exception as error:
+        if PREFER_VECTOR_WIDTH not in options or PREFER_VECTOR_WIDTH not in str(error):
+            raise
+    options = {k: v for k, v in options.items() if k != PREFER_VECTOR_WIDTH}
+    return lowered.compile(compiler_options=options)
 
 
 def must_serialize_before_run(problem: Problem) -> bool:

@@ -49,7 +49,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import make_single_device_sharding
 
 from ._chunked import read_slice
 from ._config import current
@@ -180,7 +180,7 @@ def host_chunk_program(
         raise ValueError("`in_specs` is empty: pass one spec per raw sample array.")
     chains, draws = in_specs[0].shape[:2]
     chunk = host_chunk_function(per_draw, chains * draws, chunk_size)
-    sharding = SingleDeviceSharding(device)
+    sharding = make_single_device_sharding(device)
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in in_specs]
     start = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
     return jax.jit(chunk, out_shardings=sharding), (specs, start)
@@ -292,7 +292,7 @@ def stream_to_host(
     flats = [o.reshape((n,) + o.shape[2:]) for o in out]  # views: `out` is C-contiguous
     device = next(iter(samples[0].devices())) if samples else jax.devices()[0]
     transfer = default_transfer(device) if transfer is None else Transfer(transfer)
-    pinned = SingleDeviceSharding(device, memory_kind=PINNED_HOST)
+    pinned = make_single_device_sharding(device, memory_kind=PINNED_HOST)
     starts = chunk_starts(n, size)
 
     def dispatch(k):

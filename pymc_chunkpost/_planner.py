@@ -86,6 +86,7 @@ class _Call:
         return math.inf if self.budget is None else self.budget
 
     def request(self, strategy: str, loop: Loop, size: int | None, **options: Any) -> Request:
+        options.setdefault("vector_width", vector_width(self.problem))
         return Request(strategy, loop, size, self.donate, self.progress, **options)
 
     def plan(self, exe: Executable, strategy: str, reason: str, source: str) -> Plan:
@@ -137,7 +138,7 @@ def _host_output_attempt(
         if size > most:
             size, why = most, f"at most {mib(current().land_chunk_bytes)} of an output per chunk"
     while True:
-        request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
+        request = _host_request(call, size, lanes)
         exe = _compile(call.jax_fn, problem, request)
         if exe is not None:
             # Every lane's chunk is alive at once (the draws they read, once); on a CPU, in
@@ -352,6 +353,22 @@ def _vmap_may_fit(problem: Problem, sharing: int) -> bool:
     )
 
 
+def _host_request(call: _Call, size: int, lanes: int) -> Request:
+    """Chunks of `size` landed in host memory by `lanes` threads: nothing donated."""
+    width = vector_width(call.problem)
+    return Request(
+        "chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes, vector_width=width
+    )
+
+
+def vector_width(problem: Problem) -> int:
+    """XLA's preferred vector width for `problem`'s steps: `random_vector_width` for random
+    draws on a CPU (docs/predictive.md, "Random numbers"), else XLA's default (0)."""
+    if problem.random and problem.device.platform == "cpu":
+        return current().random_vector_width
+    return 0
+
+
 def _vmap_may_pay(problem: Problem) -> bool:
     """Whether the loop-free vmap may run as fast as chunks: not for random draws on a CPU
     whose products (`_problem.product_bytes`) over all draws exceed
@@ -408,7 +425,9 @@ def first_attempt(
     # The tuning cache and the executables stored beside it serve `auto` alone (when the
     # planner chooses the size): a fixed request compiles what it names.
     tuned = strategy == "auto" and chunk_size is None
-    key = _tuning.tuning_key(problem, "auto|device") if tuned else ""
+    width = vector_width(problem)  # timed with other vectors: a key of its own
+    tuned_as = "auto|device" + (f"|vectors of {width} bits" if width else "")
+    key = _tuning.tuning_key(problem, tuned_as) if tuned else ""
     stored = tuned and use_cache
     if stored:
         cached = _from_cache(call, key)
@@ -783,7 +802,7 @@ def _smaller_attempt(
     while True:
         if host:
             lanes = failed.exe.request.lanes if failed is not None else 1
-            request = Request("chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes)
+            request = _host_request(call, size, lanes)
         else:
             request = call.request("chunked", loop, size)
         exe = _compile(call.jax_fn, problem, request)

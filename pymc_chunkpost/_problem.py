@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Literal
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, make_single_device_sharding
 
 from ._cache import FunctionCache
 from ._compat import CALLS
@@ -60,7 +60,7 @@ class Placement:
     @property
     def sharding(self) -> jax.sharding.Sharding:
         if self.mesh is None:
-            return SingleDeviceSharding(self.device)
+            return make_single_device_sharding(self.device)
         return NamedSharding(self.mesh, PartitionSpec(*self.spec))
 
     def splits(self) -> tuple[int, int]:

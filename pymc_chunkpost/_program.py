@@ -32,6 +32,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from ._chunked import read_slice, shard_map_unchecked, write_slice
+from ._compat import NO_LIBRARY_FUSIONS, PREFER_VECTOR_WIDTH
 from ._config import current
 from ._host_output import host_chunk_program
 from ._jaxpr_eval import draw_major_fun, vmap_draws
@@ -70,6 +71,7 @@ class Request:
             compiles with `_compat.NO_LIBRARY_FUSIONS` (an XLA loop on a CPU only).
         lanes: for outputs in host memory, the host threads that stream chunks at once
             (`_host_output.stream_to_host`); the compiled step is the same for any number.
+        vector_width: XLA's preferred vector width on a CPU, in bits; 0: XLA's default.
     """
 
     strategy: str
@@ -81,6 +83,7 @@ class Request:
     segmented: bool = False
     library_fusions: bool = True
     lanes: int = 1
+    vector_width: int = 0
 
     @property
     def segments(self) -> bool:
@@ -96,7 +99,16 @@ class Request:
             key += ("no library fusions",)
         if self.lanes > 1:
             key += (f"{self.lanes} lanes",)
+        if self.vector_width:
+            key += (f"vectors of {self.vector_width} bits",)
         return key
+
+    def compiler_options(self) -> dict[str, Any]:
+        """XLA's compile options for the step."""
+        options: dict[str, Any] = {} if self.library_fusions else dict(NO_LIBRARY_FUSIONS)
+        if self.vector_width:
+            options[PREFER_VECTOR_WIDTH] = self.vector_width
+        return options
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

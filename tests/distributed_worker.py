@@ -98,7 +98,7 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
         if layout == "local":
             mine = _chains_here(NamedSharding(*meshes["chain"]), full[0].shape)
             raw = [np.ascontiguousarray(x[mine]) for x in full]
-            sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            sharding = jax.sharding.make_single_device_sharding(jax.local_devices()[0])
         else:
             mine = slice(None)
             sharding = NamedSharding(*meshes[layout])

@@ -161,3 +161,91 @@ def test_split_key_at_gives_jaxs_split_keys():
         got = jax.jit(jax.vmap(lambda i, d=data: _compat.split_key_at(d, i)))(indices)
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(_compat.split_key_at(data, np.uint32(36)), want[36])
+
+
+def _closing_over(data):
+    """A jitted function that closes over `data` (over jax's 1 KiB for embedding)."""
+    return jax.jit(lambda v: v + jnp.asarray(data).sum())
+
+
+@pytest.mark.parametrize("simplified", [False, True])
+def test_constants_stay_in_the_program_and_one_held_apart_is_never_stored(simplified):
+    """Within `constants_in_program`, the constants are in the lowered text, and the compiled
+    program holds none apart, whichever way jax is set; outside it, where jax holds them apart
+    (jax 0.12.1, whose default the flag is), `portable` refuses the program."""
+    from jax._src import config
+
+    data = np.linspace(0.0, 1.0, 512)  # 4 KiB
+    x = jnp.ones(3)
+    with config.use_simplified_jaxpr_constants(simplified):
+        with _compat.constants_in_program():
+            lowered = _closing_over(data).lower(x)
+        held = _closing_over(data).lower(x).compile()
+    inside = lowered.compile()
+    assert _compat.const_args(inside) == [] and "dense<" in lowered.as_text()
+    assert _executable_store.portable(inside) is not None
+    held_apart = bool(_compat.const_args(held))
+    assert (_executable_store.portable(held) is None) is held_apart
+    if simplified and jax.config.values["jax_use_simplified_jaxpr_constants"]:
+        assert held_apart
+    expected = 1.0 + data.sum()
+    np.testing.assert_allclose(np.asarray(inside(x)), expected)
+    np.testing.assert_allclose(np.asarray(held(x)), expected)
+
+
+def test_serialized_parts_reads_what_this_jax_serializes():
+    """The tuple that this jax's `serialize_executable` pickles is one `serialized_parts`
+    reads (3 items on jax 0.10.2 and 0.12.0, version 3 with 5 on 0.12.1); others raise."""
+    import io
+    import pickle
+
+    from jax.experimental import serialize_executable
+
+    compiled = jax.jit(lambda v: v * 2.0).lower(jnp.ones(3)).compile()
+    payload, _, _ = serialize_executable.serialize(compiled)
+    (device,) = compiled.runtime_executable().local_devices()
+
+    class Reader(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return {"exec": pid, "device": device, "client": device.client}[pid[0]]
+
+    unloaded, args_info, no_kwargs, constants = _compat.serialized_parts(
+        Reader(io.BytesIO(payload)).load()
+    )
+    assert constants == [] and isinstance(no_kwargs, bool) and len(args_info) == 1
+    assert unloaded is not None
+    with pytest.raises(ValueError, match="layout"):
+        _compat.serialized_parts((99, unloaded, args_info, no_kwargs, []))
+
+
+def test_the_vector_width_option_is_known_or_compiled_without():
+    """This XLA knows `PREFER_VECTOR_WIDTH` (jaxlib 0.10.2 and 0.12.1). One that rejects it
+    compiles the step without it; any other error, or that one where the option was not
+    asked, is raised."""
+    from pymc_chunkpost._executor import _compile_step
+
+    lowered = jax.jit(lambda v: v * 2.0).lower(jnp.ones(3))
+    compiled = lowered.compile(compiler_options={_compat.PREFER_VECTOR_WIDTH: 512})
+    np.testing.assert_array_equal(np.asarray(compiled(jnp.ones(3))), 2.0)
+    asked = []
+
+    class Rejecting:
+        def compile(self, compiler_options):
+            asked.append(dict(compiler_options))
+            if _compat.PREFER_VECTOR_WIDTH in compiler_options or not asked[1:]:
+                raise RuntimeError(f"No such compile option: '{_compat.PREFER_VECTOR_WIDTH}'")
+            return "compiled"
+
+    options = {_compat.PREFER_VECTOR_WIDTH: 512, "other": ""}
+    assert _compile_step(Rejecting(), options) == "compiled"
+    assert asked == [options, {"other": ""}]
+    asked.clear()
+    with pytest.raises(RuntimeError, match="No such"):
+        _compile_step(Rejecting(), {"other": ""})
+
+    class Failing:
+        def compile(self, compiler_options):
+            raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _compile_step(Failing(), options)

@@ -415,9 +415,9 @@ def test_donated_buffers_never_become_host_outputs():
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp
-        from jax.sharding import SingleDeviceSharding
+        from jax.sharding import make_single_device_sharding
         device = jax.devices()[0]
-        host = SingleDeviceSharding(device, memory_kind="pinned_host")
+        host = make_single_device_sharding(device, memory_kind="pinned_host")
         step = jax.jit(lambda a: a * 2, donate_argnums=0, out_shardings=host)
         spec = jax.ShapeDtypeStruct((1000,), jnp.float32)
         print("alias", step.lower(spec).compile().memory_analysis().alias_size_in_bytes)

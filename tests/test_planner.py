@@ -22,7 +22,7 @@ from helpers import (
 
 import pymc_chunkpost as pc
 from pymc_chunkpost import _executor, _memory, _planner, _postprocess, _resources
-from pymc_chunkpost._config import current
+from pymc_chunkpost._config import configured, current
 from pymc_chunkpost._executor import CompileOutOfMemory
 
 
@@ -745,6 +745,31 @@ def test_random_draws_on_a_cpu_run_in_a_host_loop():
     on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
     assert _planner.loop_for(on_tpu) is Loop.XLA
     assert _tuning.tuning_key(random, "auto") != _tuning.tuning_key(problem, "auto")
+
+
+def test_random_draws_on_a_cpu_prefer_wider_vectors(monkeypatch):
+    """Random draws on a CPU compile with `random_vector_width`, on the device and to the
+    host alike; nothing else does, and 0 keeps XLA's default."""
+    from helpers import FakeAccelerator
+
+    from pymc_chunkpost._compat import PREFER_VECTOR_WIDTH
+    from pymc_chunkpost._problem import Placement
+    from pymc_chunkpost._types import Loop
+
+    model = models.data_regression(n_obs=50)
+    problem = problem_of(models.jax_fn(model), models.raw_draws(model, 2, 10))
+    random = dataclasses.replace(problem, random=True)
+    on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
+    assert _planner.vector_width(random) == 512
+    assert _planner.vector_width(problem) == 0 and _planner.vector_width(on_tpu) == 0
+    with configured(random_vector_width=0):
+        assert _planner.vector_width(random) == 0
+    call = _planner._Call(None, random, None, (), False, 0.0)
+    for request in (call.request("chunked", Loop.HOST, 5), _planner._host_request(call, 5, 2)):
+        assert request.compiler_options() == {PREFER_VECTOR_WIDTH: 512}
+        assert "vectors of 512 bits" in request.key(random)
+    plain = dataclasses.replace(call, problem=problem)
+    assert plain.request("chunked", Loop.XLA, 5).compiler_options() == {}
 
 
 def test_random_draws_on_a_cpu_skip_the_vmap_where_their_products_leave_the_cache(

@@ -636,3 +636,32 @@ def test_the_route_says_its_draws_are_random(hierarchical, runs):
     model, idata = hierarchical
     OURS(idata, model=model, progressbar=False, random_seed=1, postprocessing_vectorize="auto")
     assert runs and all(call["random"] is True for call in runs)
+
+
+def test_wider_vectors_change_no_number(hierarchical, runs, monkeypatch):
+    """Random draws on a CPU compile with `random_vector_width` (XLA's preferred vector
+    width): it changes how the draws are computed, never the numbers; 0 compiles with XLA's
+    default."""
+    from pymc_chunkpost import _executor
+    from pymc_chunkpost._compat import PREFER_VECTOR_WIDTH
+    from pymc_chunkpost._config import configured
+
+    options = []
+    real = _executor._compile_step
+
+    def recorded(lowered, compiler_options):
+        options.append(dict(compiler_options))
+        return real(lowered, compiler_options)
+
+    monkeypatch.setattr(_executor, "_compile_step", recorded)
+    model, idata = hierarchical
+    kwargs = dict(model=model, progressbar=False, return_inferencedata=False, random_seed=5)
+    pymc_chunkpost.clear_caches()
+    wide = OURS(idata, **kwargs)["y"]
+    assert options and all(o.get(PREFER_VECTOR_WIDTH) == 512 for o in options)
+    options.clear()
+    pymc_chunkpost.clear_caches()
+    with configured(random_vector_width=0):
+        default = OURS(idata, **kwargs)["y"]
+    assert options and all(PREFER_VECTOR_WIDTH not in o for o in options)
+    np.testing.assert_array_equal(wide, default)

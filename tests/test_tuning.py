@@ -173,6 +173,17 @@ def row_slopes():
     return model, fixtures.jax_fn(model)
 
 
+@pytest.fixture(scope="module")
+def long_sums():
+    """hierarchical, small: XLA gives its R^2's sums over 2,000 observations to YNNPACK, a
+    library fusion with no short reduction (jaxlib 0.10.2 and 0.12.1; data_regression's
+    float64 dot went to YNNPACK up to jaxlib 0.12.0 only)."""
+    from pymc_chunkpost.profiling import fixtures
+
+    model = fixtures.hierarchical(n_obs=2000, n_groups=20)
+    return model, fixtures.jax_fn(model)
+
+
 def _library_run(model_fn, timed, without: float, configure, tries: float = 0.0):
     """A loop whose chunk XLA compiles with library fusions, tuned under a table in which the
     chunk without them takes `without` times as long; only the library trial runs (no other
@@ -235,18 +246,18 @@ def test_no_library_trial_where_the_work_left_cannot_repay_a_compile(
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_library_reductions_are_read_from_the_compiled_program(built, row_slopes):
-    """row_slopes' library fusion sums 3 slopes per row; data_regression's sums none that
-    short; structured's loop has no library fusion."""
+def test_library_reductions_are_read_from_the_compiled_program(built, row_slopes, long_sums):
+    """row_slopes' library fusion sums 3 slopes per row; long_sums' sums none that short;
+    structured's loop has no library fusion."""
     from helpers import compile_for
 
     short = current().library_short_reduction
     model, jax_fn = row_slopes
     exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
     assert 3 in library_reductions(exe)
-    model, jax_fn = built("data_regression")
+    model, jax_fn = long_sums
     exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
-    assert has_library_fusions(exe)  # a dot, and no reduction as short as row_slopes'
+    assert has_library_fusions(exe)  # and no reduction as short as row_slopes'
     assert all(k > short for k in library_reductions(exe))
     model, jax_fn = built("structured")
     exe = compile_for(jax_fn, models.raw_draws(model, 4, 250), "chunked", 8)
@@ -270,23 +281,24 @@ def without_library(monkeypatch):
 
 
 def test_no_library_trial_without_a_short_library_reduction(
-    built, timed, ran_steps, cache, configure, without_library
+    long_sums, timed, ran_steps, cache, configure, without_library
 ):
-    """data_regression's library fusions reduce long rows: nothing is compiled for a trial."""
+    """long_sums' library fusions reduce long rows: nothing is compiled for a trial."""
     compiled = without_library
-    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, configure)
+    jax_fn, raw, outputs, plan = _library_run(long_sums, timed, 0.1, configure)
+    assert has_library_fusions(ran_steps[0])
     assert compiled == [] and plan.library_fusions and "library" not in plan.reason
     assert_same(outputs, reference(jax_fn, raw))
 
 
 def test_no_library_trial_where_it_would_save_no_temporaries(
-    built, timed, ran_steps, cache, monkeypatch, configure, without_library
+    long_sums, timed, ran_steps, cache, monkeypatch, configure, without_library
 ):
-    """Taken for a loop with a short library reduction, data_regression's chunk is compiled
+    """Taken for a loop with a short library reduction, long_sums' chunk is compiled
     without library fusions, needs as many temporaries, and is dropped unrun, however fast
     the table says it would be."""
     monkeypatch.setattr(_library_fusions, "library_reductions", lambda text: [1])
-    jax_fn, raw, outputs, plan = _library_run(built("data_regression"), timed, 0.1, configure)
+    jax_fn, raw, outputs, plan = _library_run(long_sums, timed, 0.1, configure)
     (exe,), step = without_library, ran_steps[0]  # compiled, without library fusions, as large
     assert not exe.library_fusions and exe.temp_bytes >= step.temp_bytes
     assert has_library_fusions(ran_steps[0])
@@ -309,7 +321,7 @@ def test_no_library_trial_where_xla_used_no_library(built, timed, ran_steps, con
     assert_same(outputs, reference(jax_fn, raw))
 
 
-def test_compiled_without_library_fusions(built):
+def test_compiled_without_library_fusions(long_sums):
     """The compiler option removes every library fusion from the one executable it is given,
     and the results stay pymc's up to rounding; other executables keep them."""
     from helpers import problem_of as problem_for
@@ -318,7 +330,7 @@ def test_compiled_without_library_fusions(built):
     from pymc_chunkpost._program import Request
     from pymc_chunkpost._types import Loop
 
-    model, jax_fn = built("data_regression")
+    model, jax_fn = long_sums
     raw = models.raw_draws(model, 4, 100)
     problem = problem_for(jax_fn, raw)
     plain = obtain(jax_fn, problem, Request("chunked", Loop.XLA, 8))
