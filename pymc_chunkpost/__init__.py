@@ -3,6 +3,7 @@
 from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
 from ._memory import configure_memory as configure_memory
+from ._options import MATMUL_PRECISIONS as MATMUL_PRECISIONS
 from ._patch import is_patched as is_patched
 from ._patch import patch as patch
 from ._patch import patched as patched

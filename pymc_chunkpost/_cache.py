@@ -13,9 +13,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["FunctionCache", "clear_caches"]
+__all__ = ["FunctionCache", "LruCache", "clear_caches"]
 
-_ALL: list[FunctionCache] = []
+_ALL: list[FunctionCache | LruCache] = []
 
 
 class FunctionCache:
@@ -80,6 +80,42 @@ class FunctionCache:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._weak.values()) + sum(map(len, self._strong.values()))
+
+
+class LruCache:
+    """Values keyed on `key` alone, the `size` most recently used kept strongly.
+
+    For what holds no user data and serves every function alike (executables whose data
+    are arguments, named by their program): a value must not refer to a model's data.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        _ALL.append(self)
+
+    def get(self, key: Hashable) -> Any:
+        """The cached value, or None."""
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self._entries[key] = value
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def discard(self, drop: Callable[[Any], bool]) -> None:
+        """Drop every entry whose value `drop` accepts."""
+        for key in [k for k, v in self._entries.items() if drop(v)]:
+            del self._entries[key]
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def clear_caches() -> None:

@@ -183,9 +183,6 @@ class PlannerConfig:
             least recently used files go until it holds three quarters (the zoo's 16 models
             store 7.5 MiB, so it holds some 34 zoos' worth;
             `benchmarks/heuristics_evidence.py store`).
-        store_max_constant_bytes: programs with more constant data than this are neither
-            stored nor kept to move: digesting and writing them would cost more than their
-            compile, and each candidate keeps a copy of its constants until then.
 
     Tracing:
         eqns_per_run: the draws' tail mapped by `jax.vmap` costs about as much tracing as
@@ -234,7 +231,6 @@ class PlannerConfig:
     populate_threads: int = 8
     trim_min_bytes: int = 32 * MiB
     store_max_bytes: int = 256 * MiB
-    store_max_constant_bytes: int = 16 * MiB
     eqns_per_run: int = 4
 
     @property
@@ -288,7 +284,6 @@ EVIDENCE: dict[str, str] = {
     "populate_threads": "docs/host_output.md#fresh-host-pages",
     "trim_min_bytes": f"{_STRATEGIES}#heap-trim",
     "store_max_bytes": f"{_STRATEGIES}#executable-store-size",
-    "store_max_constant_bytes": f"{_STRATEGIES}#executable-store-constants",
     "eqns_per_run": f"{_STRATEGIES}#elementwise-equations-per-run",
 }
 

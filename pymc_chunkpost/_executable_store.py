@@ -106,17 +106,15 @@ def _context(devices: Sequence[Any]) -> str:
     )
 
 
-def slot_for(parts: Sequence[str], devices: Sequence[Any], constant_bytes: int) -> Slot | None:
+def slot_for(parts: Sequence[str], devices: Sequence[Any]) -> Slot | None:
     """The slot of an executable described by `parts` (what is known before lowering), run on
-    `devices`; None where nothing is stored: the store is off, the program holds over
-    `store_max_constant_bytes` of constants, this process's loader is broken, the run spans
-    several processes (`jax.distributed`), or the folder may hold someone else's code
-    (`_disk.trusted`: it warns once)."""
+    `devices`; None where nothing is stored: the store is off, this process's loader is
+    broken, the run spans several processes (`jax.distributed`), or the folder may hold
+    someone else's code (`_disk.trusted`: it warns once)."""
     root = cache_dir()
     if (
         root is None
         or _LOADER_BROKEN
-        or constant_bytes > current().store_max_constant_bytes
         or jax.process_count() > 1
         or not trusted(root / SUBFOLDER, root)
     ):

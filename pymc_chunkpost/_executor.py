@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
+import hashlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,13 +22,13 @@ import jax
 import numpy as np
 
 from . import _executable_store
-from ._cache import FunctionCache
+from ._cache import FunctionCache, LruCache
 from ._compat import PREFER_VECTOR_WIDTH, constants_in_program, unserializable_after_run
 from ._config import current
 from ._host_output import aligned_empty, stream_to_host
 from ._memory import release_freed_heap
 from ._problem import Problem, is_out_of_memory, uses_primitives
-from ._program import Call, Program, Request, program_for
+from ._program import Call, Program, Request, const_sharding, program_for
 from ._progress import on_chunk
 from ._types import Loop, Origin
 
@@ -73,8 +75,10 @@ class Executable:
         to_store: what `persist` hands to the on-disk store, (slot, lowered, compiled) each,
             the compiled step as a `_executable_store.Portable` where it was serialized
             before running (`must_serialize_before_run`); emptied once handed over, or by
-            `release` for a candidate the planner rejects, so that no lowered module (a copy
-            of the program's constants) stays in the cache.
+            `release` for a candidate the planner rejects.
+        consts: the problem's constants (the model's data) placed where the step runs, its
+            last argument at every call (`_program`); an executable is bound to one call's
+            data by `_bound`, and is cached without them.
     """
 
     problem: Problem
@@ -89,6 +93,7 @@ class Executable:
     output_bytes: int
     alias_bytes: int
     to_store: list[tuple[Any, Any, Any]] = dataclasses.field(default_factory=list, compare=False)
+    consts: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def strategy(self) -> str:
@@ -140,12 +145,13 @@ class Executable:
         """The one protocol: compute `count` chunks from item `start` on into `outputs` (from
         `init`), and return the outputs. A `WHOLE` step computes every draw, a `CHUNK` step
         one chunk, a `TO_HOST` step streams every chunk."""
+        consts = list(self.consts)
         if self.call is Call.WHOLE:
-            return list(self.compiled(*samples))
+            return list(self.compiled(*samples, consts))
         if self.call is Call.CHUNK:
-            return self.compiled(outputs, samples, np.int32(start))
+            return self.compiled(outputs, samples, np.int32(start), consts)
         if self.call is Call.SEGMENT:
-            return self.compiled(outputs, samples, np.int32(start), np.int32(count))
+            return self.compiled(outputs, samples, np.int32(start), np.int32(count), consts)
         return _stream_to_host(self, outputs, samples)
 
     def chunks_in_call(self, left: int, per_call: int | None) -> int:
@@ -162,6 +168,12 @@ class Executable:
 _EXECUTABLES = FunctionCache(per_function=16)
 #: The same executables, keyed by device kind instead of device (`_relocated`).
 _BY_DEVICE_KIND = FunctionCache(per_function=16)
+#: The same executables keyed by their program (`_program_key`), for every function whose
+#: per-draw jaxpr is the same: another model object, or new data of the same shapes. They
+#: hold no data (`_program`'s invariant) and no jaxpr (`_unbound`).
+_BY_PROGRAM = LruCache(size=32)
+#: The functions' constants placed where their steps run, by function and sharding.
+_PLACED = FunctionCache(per_function=4)
 
 
 def obtain(
@@ -183,7 +195,12 @@ def obtain(
     key = request.key(problem)
     cached = _EXECUTABLES.get(jax_fn, key)
     if cached is not None:
-        return cached
+        return _bound(cached, jax_fn, problem)
+    program_key = _program_key(problem, key)
+    same_program = None if program_key is None else _BY_PROGRAM.get(program_key)
+    if same_program is not None:
+        _EXECUTABLES.put(jax_fn, key, same_program)
+        return _bound(same_program, jax_fn, problem)
     program = program_for(jax_fn, problem, request)
     try:
         if program.call is Call.TO_HOST:
@@ -195,7 +212,53 @@ def obtain(
             raise CompileOutOfMemory(request.strategy) from error
         raise
     _EXECUTABLES.put(jax_fn, key, exe)
-    return exe
+    if program_key is not None:
+        _BY_PROGRAM.put(program_key, _unbound(exe))
+    return _bound(exe, jax_fn, problem)
+
+
+def _program_key(problem: Problem, key: tuple) -> tuple | None:
+    """What names a program whatever function it came from: the per-draw jaxpr's text (its
+    constants by shape and dtype only: they are arguments) and `key` (the problem's shapes
+    and placement, the plan). None where no jaxpr was traced.
+
+    Invariant: two functions whose jaxprs print the same compute the same outputs from the
+    same draws and constants; the printed jaxpr names every primitive, parameter and
+    literal."""
+    if problem.jaxpr is None or not problem.fingerprint:
+        return None
+    digest = hashlib.sha256(problem.fingerprint.encode()).hexdigest()
+    return (digest, dataclasses.replace(problem, jaxpr=None), *key[1:])  # no data held
+
+
+def _unbound(exe: Executable) -> Executable:
+    """`exe` as `_BY_PROGRAM` keeps it: no constants, no jaxpr, nothing to store."""
+    problem = dataclasses.replace(exe.problem, jaxpr=None)
+    return dataclasses.replace(exe, problem=problem, consts=(), to_store=[])
+
+
+def _bound(exe: Executable, jax_fn: Callable, problem: Problem) -> Executable:
+    """`exe` for this call: `problem` (the same shapes and program, this function's jaxpr)
+    and its constants placed where the step runs."""
+    if exe.call is Call.TO_HOST:  # placed per device as the chunks stream (`_stream_to_host`)
+        return dataclasses.replace(exe, problem=problem, consts=problem.consts)
+    consts = placed(jax_fn, problem, const_sharding(problem))
+    return dataclasses.replace(exe, problem=problem, consts=consts)
+
+
+def placed(jax_fn: Callable, problem: Problem, sharding: Any) -> tuple[Any, ...]:
+    """`problem.consts` on `sharding` (whole on each of its devices), kept while `jax_fn`
+    lives: a call with the same data places nothing again. A CPU may read host arrays in
+    place (`may_alias`)."""
+    consts = problem.consts
+    if not consts:
+        return ()
+    key = (problem.fingerprint, repr(sharding))
+    found = _PLACED.get(jax_fn, key)
+    if found is None:
+        found = tuple(jax.device_put(c, sharding, may_alias=True) for c in consts)
+        _PLACED.put(jax_fn, key, found)
+    return found
 
 
 def _compile_to_host(program: Program) -> Executable:
@@ -321,7 +384,7 @@ def _slots(program: Program, key: tuple, n_programs: int) -> list[Any]:
         "|".join(map(str, key[1:])),
     ]
     return [
-        _executable_store.slot_for([*plan_text, role], devices, problem.shared_bytes)
+        _executable_store.slot_for([*plan_text, role], devices)
         for role in ("step", "zeros")[:n_programs]
     ]
 
@@ -390,14 +453,12 @@ def _origin(moved: Any, found: Sequence[Any]) -> Origin:
 
 def _device_kind_key(key: tuple) -> tuple | None:
     """`obtain`'s cache key with a one-device problem's device replaced by its platform and
-    kind; None where nothing is kept to move: draws over several devices, no other local
-    device of this kind, or constants over `store_max_constant_bytes` (what the on-disk
-    store refuses to keep a copy of, the same holds here)."""
+    kind; None where nothing is kept to move: draws over several devices, or no other local
+    device of this kind."""
     problem = key[0]
     placement = problem.placement
     device = placement.device
-    too_large = problem.shared_bytes > current().store_max_constant_bytes
-    if placement.mesh is not None or too_large:
+    if placement.mesh is not None:
         return None
     if not any(
         d != device and d.device_kind == device.device_kind
@@ -451,6 +512,7 @@ def distrust_foreign() -> None:
     others held in memory go, and from now on every executable is compiled here."""
     _executable_store.stop_loading()
     _EXECUTABLES.discard(lambda exe: exe.origin is not Origin.COMPILED)
+    _BY_PROGRAM.discard(lambda exe: exe.origin is not Origin.COMPILED)
     _BY_DEVICE_KIND.clear()  # nothing is moved any more
 
 
@@ -535,8 +597,9 @@ def _stream_to_host(exe: Executable, outputs: list, samples: list) -> list:
             local, where = [s.data for s in shards], shards[0].index[:1]
         views = [o[where] for o in outputs]  # a block of whole chains: C-contiguous
         on_progress = progress if exe.progress else None
+        consts = [jax.device_put(c, device, may_alias=True) for c in exe.consts]
         stream_to_host(
-            compiled,
+            functools.partial(_with_consts, compiled, consts),
             local,
             n_local,
             size,
@@ -547,3 +610,7 @@ def _stream_to_host(exe: Executable, outputs: list, samples: list) -> list:
         )
         done += n_local
     return outputs
+
+
+def _with_consts(compiled: Any, consts: list, samples: list, start: Any) -> list:
+    return compiled(samples, start, consts)

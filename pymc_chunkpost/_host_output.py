@@ -171,19 +171,31 @@ def host_chunk_program(
     in_specs: Sequence[jax.ShapeDtypeStruct],
     chunk_size: int,
     device: jax.Device,
+    consts: Sequence[Any] | None = None,
 ) -> tuple[Any, tuple]:
     """The jitted chunk step of `host_chunk_function` on `device`, and the specs to lower it
     with: samples shaped like `in_specs`, and the chunk's start. Nothing is donated: every
     chunk reads the samples, and a donated buffer must never meet a host memory-kind output
-    (see the module docstring)."""
+    (see the module docstring).
+
+    With `consts` (the model's data), `per_draw(consts)` gives the per-draw function, and the
+    step takes them as its third argument, `(samples, start, consts)`: the program holds no
+    data (`_program`'s invariant)."""
     if not in_specs:
         raise ValueError("`in_specs` is empty: pass one spec per raw sample array.")
     chains, draws = in_specs[0].shape[:2]
-    chunk = host_chunk_function(per_draw, chains * draws, chunk_size)
     sharding = make_single_device_sharding(device)
     specs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in in_specs]
     start = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
-    return jax.jit(chunk, out_shardings=sharding), (specs, start)
+    if consts is None:
+        chunk = host_chunk_function(per_draw, chains * draws, chunk_size)
+        return jax.jit(chunk, out_shardings=sharding), (specs, start)
+
+    def bound(samples, start, data):
+        return host_chunk_function(per_draw(data), chains * draws, chunk_size)(samples, start)
+
+    data = [jax.ShapeDtypeStruct(np.shape(c), c.dtype, sharding=sharding) for c in consts]
+    return jax.jit(bound, out_shardings=sharding), (specs, start, data)
 
 
 def compile_host_chunks(

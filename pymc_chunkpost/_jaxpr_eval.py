@@ -70,6 +70,15 @@ class DrawFunction:
     def _select(self, outs: list) -> list:
         return outs if self.outputs is None else [outs[j] for j in self.outputs]
 
+    def with_consts(self, consts: Sequence[Any]) -> DrawFunction:
+        """The same function reading `consts` (traced arguments of a compiled step, say) in
+        place of the jaxpr's own constants; the schedule is shared, not made again."""
+        from jax.extend.core import ClosedJaxpr
+
+        bound = DrawFunction(ClosedJaxpr(self.closed.jaxpr, list(consts)), self.outputs)
+        bound.__dict__["schedule"] = self.schedule
+        return bound
+
     def __call__(self, *args: Any) -> list:
         closed = self.closed
         env = _env(closed, args, [True] * len(args))

@@ -12,13 +12,31 @@ from typing import Any
 from ._chunked import check_chunking
 from ._strategies import STRATEGIES
 
-__all__ = ["CHUNK_STRATEGIES", "OUTPUT_MEMORY", "check_budget_value", "check_options"]
+__all__ = [
+    "CHUNK_STRATEGIES",
+    "MATMUL_PRECISIONS",
+    "OUTPUT_MEMORY",
+    "check_budget_value",
+    "check_options",
+]
 
 #: The strategies that take `chunk_size`/`n_chunks`.
 CHUNK_STRATEGIES: tuple[str, ...] = ("chunked", "auto")
 #: Where the outputs may live: "device" (the draws' device), "host" (host memory, each chunk
 #: copied there as it is computed), or "auto" (the planner's choice).
 OUTPUT_MEMORY: tuple[str, ...] = ("auto", "device", "host")
+#: The precisions of float32 products (`jax.default_matmul_precision`'s names), or None for
+#: JAX's default: "highest" is float32's own (on a TPU, six bfloat16 passes; on a CPU or GPU
+#: float32 anyway), "high" three bfloat16 passes on a TPU, "default" one.
+MATMUL_PRECISIONS: tuple[str | None, ...] = (
+    None,
+    "default",
+    "high",
+    "highest",
+    "bfloat16",
+    "tensorfloat32",
+    "float32",
+)
 
 _DEFAULT_NAMES = {
     "strategy": "postprocessing_vectorize",
@@ -26,6 +44,7 @@ _DEFAULT_NAMES = {
     "n_chunks": "n_chunks",
     "memory_budget": "memory_budget",
     "output_memory": "output_memory",
+    "matmul_precision": "matmul_precision",
 }
 
 
@@ -50,6 +69,7 @@ def check_options(
     n_chunks: Any = None,
     memory_budget: Any = None,
     output_memory: Any = "auto",
+    matmul_precision: Any = None,
     names: dict[str, str] | None = None,
 ) -> None:
     """The checks on the options alone, before any work.
@@ -60,6 +80,7 @@ def check_options(
         n_chunks: the number-of-chunks option.
         memory_budget: the memory budget option.
         output_memory: where the outputs go.
+        matmul_precision: the precision of float32 products.
         names: what the caller calls each option, for the messages (pymc's sampler calls
             them `postprocessing_chunk_size`, ...), keyed by the names above.
 
@@ -93,4 +114,10 @@ def check_options(
             f"`{names['output_memory']}='host'` streams the outputs to host memory chunk by "
             f"chunk, so it applies to the strategies {CHUNK_STRATEGIES}, not to {strategy!r}. "
             f"Pass `{names['strategy']}='chunked'` or 'auto'."
+        )
+    if matmul_precision not in MATMUL_PRECISIONS:
+        raise ValueError(
+            f"`{names['matmul_precision']}` must be one of {MATMUL_PRECISIONS}, got "
+            f"{matmul_precision!r}. Pass 'highest' for float32's own precision, or None for "
+            "JAX's default (on a TPU, float32 products in one bfloat16 pass)."
         )

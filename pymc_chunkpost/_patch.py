@@ -41,6 +41,7 @@ OPTIONS: dict[str, str] = {
     "postprocessing_n_chunks": "n_chunks",
     "postprocessing_memory_budget": "memory_budget",
     "postprocessing_output_memory": "output_memory",
+    "postprocessing_matmul_precision": "matmul_precision",
 }
 _PYMC_STRATEGIES = ("vmap", "scan")  # what pymc's own `_postprocess_samples` knows
 _TARGETS = (
@@ -108,6 +109,7 @@ class _Session:
     memory_budget: int | float | None
     output_memory: str
     progressbar: bool
+    matmul_precision: str | None = None
     plans: list[Plan] = dataclasses.field(default_factory=list)
 
 
@@ -138,6 +140,9 @@ def patch(*, posterior_predictive: bool = False) -> None:
       for outputs larger than an accelerator; "auto" does so when they do not fit it.
     - `postprocessing_memory_budget`: bytes the outputs and temporaries may take; default the
       device's free memory.
+    - `postprocessing_matmul_precision`: the precision of float32 products; default None,
+      JAX's, as pymc's own JAX post-processing has it (on a TPU, one bfloat16 pass). Pass
+      "highest" for float32's own products there (see `postprocess_samples`).
 
     They are checked before sampling starts: a bad value is a `ValueError` (naming the valid
     strategies for an unknown one), and nothing is sampled. pymc's `postprocessing_backend`
@@ -340,6 +345,7 @@ def _make_postprocess_samples(original: Callable) -> Callable:
             memory_budget=session.memory_budget,
             output_memory=session.output_memory,
             progressbar=session.progressbar,
+            matmul_precision=session.matmul_precision,
         )
         session.plans.append(plan)
         return outputs
@@ -379,6 +385,7 @@ def _check_options(options: dict[str, Any], postprocessing_backend: Any) -> None
             options["postprocessing_n_chunks"],
             options["postprocessing_memory_budget"],
             options["postprocessing_output_memory"] or "auto",
+            options["postprocessing_matmul_precision"],
             names={argument: option for option, argument in OPTIONS.items()},
         )
         resolve_device(postprocessing_backend)
@@ -406,6 +413,7 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
             n_chunks=options["postprocessing_n_chunks"],
             memory_budget=options["postprocessing_memory_budget"],
             output_memory=options["postprocessing_output_memory"] or "auto",
+            matmul_precision=options["postprocessing_matmul_precision"],
             progressbar=bool(kwargs.get("progressbar", True)) and not kwargs.get("quiet", False),
         )
         token = _session.set(session)

@@ -58,6 +58,7 @@ _OPTIONS = (
     "chunk_size",
     "n_chunks",
     "memory_budget",
+    "matmul_precision",
 )
 _KIND_TARGETS = {"likelihood": "observed_RVs", "prior": "free_RVs"}
 _CACHE_PER_MODEL = 8  # jaxified graphs kept per model (each holds its compiled executables)
@@ -84,6 +85,7 @@ def compute_log_likelihood(
     chunk_size: int | None = None,
     n_chunks: int | None = None,
     memory_budget: int | float | None = None,
+    matmul_precision: str | None = "highest",
     **options: Any,
 ) -> Any:
     """Pointwise log-likelihood of every observed variable at every posterior draw.
@@ -117,6 +119,12 @@ def compute_log_likelihood(
         memory_budget: bytes the outputs and temporaries may take; default the device's
             free memory. The outputs themselves (chains x draws x observations) are the
             floor.
+        matmul_precision: the precision of float32 products (`MATMUL_PRECISIONS`):
+            "highest" (default) gives pymc's answers, which it computes on the host, to
+            float32's accuracy on any device; None is JAX's default, one bfloat16 pass on
+            a TPU (an error of up to 1e-2 of a log-likelihood), which compiles and runs
+            faster there. On a CPU or GPU float32 products are float32's whatever the
+            setting.
         **options: further options of `postprocess_samples`, passed on unchanged.
 
     Returns:
@@ -145,6 +153,7 @@ def compute_log_prior(
     chunk_size: int | None = None,
     n_chunks: int | None = None,
     memory_budget: int | float | None = None,
+    matmul_precision: str | None = "highest",
     **options: Any,
 ) -> Any:
     """Pointwise log-prior density of every free variable at every posterior draw.
@@ -176,6 +185,7 @@ def compute_deterministics(
     chunk_size: int | None = None,
     n_chunks: int | None = None,
     memory_budget: int | float | None = None,
+    matmul_precision: str | None = "highest",
     **options: Any,
 ) -> Any:
     """The model's deterministics at every draw of `dataset`.
@@ -366,6 +376,7 @@ def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[s
         ours["n_chunks"],
         ours["memory_budget"],
         ours.get("output_memory", "auto"),
+        ours["matmul_precision"],
     )
     resolve_device(ours["postprocessing_backend"])
     sample_dims = pymc_args["sample_dims"]

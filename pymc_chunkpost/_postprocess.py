@@ -7,6 +7,7 @@ free what was donated, and assemble the outputs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import traceback
@@ -41,6 +42,7 @@ def postprocess_samples(
     memory_budget: int | None = None,
     progressbar: bool = False,
     output_memory: str = "auto",
+    matmul_precision: str | None = None,
 ) -> list[jax.Array]:
     """Constrain raw NUTS draws and compute deterministics, draw by draw.
 
@@ -88,6 +90,12 @@ def postprocess_samples(
             chunks (for outputs larger than an accelerator; on a CPU it costs one extra copy
             of every output byte); "auto" (default): "device" when the outputs fit its free
             memory, else "host" on an accelerator that has host memory (docs/memory.md).
+        matmul_precision: the precision of float32 products (dots, convolutions), one of
+            `MATMUL_PRECISIONS`: None (default) is JAX's, as pymc's own JAX post-processing
+            has it; on a TPU that is one bfloat16 pass, whose error can reach 1e-2 of a
+            log-likelihood. "highest" gives float32's own products there (six passes: the
+            products cost more to compile and run); on a CPU or GPU every setting
+            computes float32 products in float32.
 
     Returns:
         One array per output of `jax_fn`, of shape `(chains, draws, ...)`: `jax.Array`s on
@@ -110,6 +118,7 @@ def postprocess_samples(
         memory_budget=memory_budget,
         progressbar=progressbar,
         output_memory=output_memory,
+        matmul_precision=matmul_precision,
     )[0]
 
 
@@ -166,14 +175,18 @@ def run(
     progress_label: str = "Transforming variables",
     serial: bool = False,
     random: bool = False,
+    matmul_precision: str | None = None,
 ) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
     progress bar (each route says what it computes). `serial`: `jax_fn`, mapped, computes
     one draw at a time (`Problem.serial`); `random`: it draws random numbers
     (`Problem.random`)."""
     strategy = postprocessing_vectorize
-    check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
-    problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+    check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory, matmul_precision)
+    # Invariant: `jax_fn` is traced here only (`analyse`), and its products keep the
+    # precision they were traced with.
+    with _matmul_precision(matmul_precision):
+        problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
     problem = dataclasses.replace(problem, serial=serial, random=random)
     one_by_one = _resources.serial_shards(problem)
     if one_by_one is not None:
@@ -190,6 +203,7 @@ def run(
             progressbar=progressbar,
             output_memory=output_memory,
             progress_label=progress_label,
+            matmul_precision=matmul_precision,
         )
     if strategy in CHUNK_STRATEGIES:
         problem = _resources.spread(problem)
@@ -251,6 +265,13 @@ def run(
     if attempt.exe.output_memory == "host":
         outputs = _from_host(outputs, problem, output_memory)
     return outputs, _planner.finished(attempt)
+
+
+def _matmul_precision(precision: str | None) -> contextlib.AbstractContextManager:
+    """JAX's default precision of float32 products set to `precision`; None leaves it."""
+    if precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(precision)
 
 
 def _from_host(outputs: list[Any], problem: Problem, output_memory: str) -> list[Any]:

@@ -67,6 +67,7 @@ _OPTIONS = (
     "n_chunks",
     "memory_budget",
     "output_memory",
+    "matmul_precision",
 )
 # pymc's default compile arguments, which change nothing in a JAX program.
 _NEUTRAL_COMPILE_KWARGS = frozenset({"mode", "allow_input_downcast", "accept_inplace"})
@@ -101,6 +102,7 @@ def sample_posterior_predictive(
     n_chunks: int | None = None,
     memory_budget: int | float | None = None,
     output_memory: str = "auto",
+    matmul_precision: str | None = "highest",
 ) -> Any:
     """Draw the posterior predictive: every draw's forward samples in one compiled program.
 
@@ -146,6 +148,8 @@ def sample_posterior_predictive(
             free memory. The outputs (draws x every requested variable) are the floor.
         output_memory: "auto", "device" or "host": where the outputs live while computed
             ("host" lands each chunk in host memory, for outputs larger than the device).
+        matmul_precision: the precision of float32 products, as in
+            `compute_log_likelihood`: "highest" (default) is float32's own on any device.
 
     Returns:
         What pymc returns for these arguments.
@@ -242,6 +246,7 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         ours["n_chunks"],
         ours["memory_budget"],
         ours["output_memory"],
+        ours["matmul_precision"],
     )
     # None is the default device, which every JAX has: not looked up here, so that a call
     # handed to pymc's own function starts no JAX backend (whose start logs at INFO).

@@ -207,6 +207,12 @@ class Problem:
         """Input plus computed-output bytes of one draw."""
         return (self.input_bytes + self.output_bytes) // max(self.n_items, 1)
 
+    @property
+    def consts(self) -> tuple[Any, ...]:
+        """The per-draw function's constants (the model's data): every compiled step takes
+        them as arguments, so that new values of the same shapes compile nothing."""
+        return () if self.jaxpr is None else tuple(self.jaxpr.consts)
+
     def with_placement(self, placement: Placement) -> Problem:
         return dataclasses.replace(self, placement=placement)
 
@@ -238,8 +244,11 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
     if not isinstance(placement, Placement):
         placement = Placement(placement)
     in_specs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in in_specs)
-    # The function's own constants trace to other dtypes under the other x64 setting.
-    x64 = bool(jax.config.read("jax_enable_x64"))
+    # The function's own constants trace to other dtypes under the other x64 setting, and
+    # its products to other precisions under another `jax.default_matmul_precision`.
+    # (getattr: jax 0.10's type stubs lack the attribute, jax 0.12's have it.)
+    precision = getattr(jax.config, "jax_default_matmul_precision")  # noqa: B009
+    x64 = (bool(jax.config.read("jax_enable_x64")), precision)
     key = (in_specs, placement, x64)
     cached = _ANALYSES.get(jax_fn, key)
     if cached is not None:

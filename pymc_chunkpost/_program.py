@@ -8,14 +8,19 @@ fill), and how the compiled step is called (`Call`). It traces nothing and compi
 
 The loop kinds:
 
-- `Call.WHOLE`: every draw in one call, `step(*samples) -> outputs`: the loop-free vmap, a
-  fixed strategy's own structure, or one XLA loop over every chunk.
+- `Call.WHOLE`: every draw in one call, `step(*samples, consts) -> outputs`: the loop-free
+  vmap, a fixed strategy's own structure, or one XLA loop over every chunk.
 - `Call.CHUNK`: one chunk per call, written into the outputs in place,
-  `step(outputs, samples, start) -> outputs` (`Loop.HOST`).
+  `step(outputs, samples, start, consts) -> outputs` (`Loop.HOST`).
 - `Call.SEGMENT`: `count` chunks of an XLA loop per call, written in place,
-  `step(outputs, samples, start, count) -> outputs` (progress, or the tuner).
-- `Call.TO_HOST`: per device that holds draws, `step(samples, start) -> chunk outputs`,
-  each chunk landed in numpy arrays (`_host_output`).
+  `step(outputs, samples, start, count, consts) -> outputs` (progress, or the tuner).
+- `Call.TO_HOST`: per device that holds draws, `step(samples, start, consts) -> chunk
+  outputs`, each chunk landed in numpy arrays (`_host_output`).
+
+Invariant: every step takes the per-draw function's constants (the model's data,
+`Problem.consts`) as its last argument, replicated on every device; no program holds them.
+One program thus serves every value of the data of the same shapes (a `pm.set_data` of new
+values compiles nothing), and no cached executable holds a model's data.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.core import ClosedJaxpr
 from jax.sharding import PartitionSpec
 
 from ._chunked import read_slice, shard_map_unchecked, write_slice
@@ -41,7 +47,15 @@ from ._progress import on_chunk
 from ._strategies import STRATEGY_TABLE, flat_vmap
 from ._types import Loop
 
-__all__ = ["Call", "Program", "Request", "flattens_vmap", "program_for"]
+__all__ = [
+    "Call",
+    "Program",
+    "Request",
+    "const_sharding",
+    "const_specs",
+    "flattens_vmap",
+    "program_for",
+]
 
 
 class Call(enum.Enum):
@@ -154,12 +168,12 @@ def program_for(jax_fn: Callable, problem: Problem, request: Request) -> Program
         request.loop is not Loop.XLA or problem.device.platform != "cpu"
     ):
         raise ValueError("Only an XLA loop on a CPU compiles without library fusions.")
-    per_draw = _per_draw(jax_fn, problem)
+    bind = _binder(jax_fn, problem)
     if request.output_memory == "host":
-        return _to_host(per_draw, problem, request)
+        return _to_host(bind, problem, request)
     if request.loop is Loop.HOST or request.segments or _segmented_off_cpu(problem, request):
-        return _stepped(per_draw, problem, request)
-    return _whole(per_draw, problem, request)
+        return _stepped(bind, problem, request)
+    return _whole(bind, problem, request)
 
 
 def _segmented_off_cpu(problem: Problem, request: Request) -> bool:
@@ -173,19 +187,44 @@ def _segmented_off_cpu(problem: Problem, request: Request) -> bool:
     )
 
 
-def _per_draw(jax_fn: Callable, problem: Problem) -> Callable:
-    """The computed outputs of one draw. From the jaxpr that `analyse` traced, where there is
-    one: evaluating it skips a second trace of `jax_fn`, and computes data-times-draw products
-    draw-major (`_jaxpr_eval`)."""
+#: `bind(consts)`: the computed outputs of one draw, reading `consts` as the model's data.
+Binder = Callable[[Sequence[Any]], Callable]
+
+
+def _binder(jax_fn: Callable, problem: Problem) -> Binder:
+    """`bind(consts)`: the computed outputs of one draw, with `consts` (a step's traced
+    arguments) for the per-draw jaxpr's constants. From the jaxpr that `analyse` traced,
+    where there is one: evaluating it skips a second trace of `jax_fn`, and computes
+    data-times-draw products draw-major (`_jaxpr_eval`). Without one (no constants known),
+    `jax_fn` itself, which then holds whatever it closes over."""
     if problem.jaxpr is not None:
-        return draw_major_fun(problem.jaxpr, problem.computed)
+        # The jaxpr without its constants: a program's closures must not hold the data.
+        jaxpr = problem.jaxpr.jaxpr
+        draw_fn = draw_major_fun(
+            ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)), problem.computed
+        )
+        return draw_fn.with_consts
     computed = problem.computed
 
     def per_draw(*values):
         outs = jax_fn(*values)
         return [outs[j] for j in computed]
 
-    return per_draw
+    return lambda consts: per_draw
+
+
+def const_sharding(problem: Problem) -> jax.sharding.Sharding:
+    """Where a step reads the problem's constants: whole on each device of the draws."""
+    placement = problem.placement
+    if placement.mesh is None:
+        return placement.sharding
+    return jax.sharding.NamedSharding(placement.mesh, P0)
+
+
+def const_specs(problem: Problem) -> list[jax.ShapeDtypeStruct]:
+    """The specs of `problem.consts`, as the steps are lowered with them."""
+    sharding = const_sharding(problem)
+    return [jax.ShapeDtypeStruct(np.shape(c), c.dtype, sharding=sharding) for c in problem.consts]
 
 
 def _sample_specs(problem: Problem) -> list[jax.ShapeDtypeStruct]:
@@ -193,7 +232,7 @@ def _sample_specs(problem: Problem) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in problem.in_specs]
 
 
-def _whole(per_draw: Callable, problem: Problem, request: Request) -> Program:
+def _whole(bind: Binder, problem: Problem, request: Request) -> Program:
     """Every draw in one call: a strategy of `STRATEGY_TABLE` over the samples."""
     strategy, sharding = request.strategy, problem.placement.sharding
     flat = strategy == "vmap" and flattens_vmap(problem)
@@ -203,8 +242,9 @@ def _whole(per_draw: Callable, problem: Problem, request: Request) -> Program:
     if request.progress:
         callback = on_chunk if problem.n_shards == 1 else _scaled_progress(problem.n_shards)
 
-    def run(*samples):
-        return strategy_fn(per_draw, list(samples), request.chunk_size, callback)
+    def run(*args):
+        *samples, consts = args
+        return strategy_fn(bind(consts), list(samples), request.chunk_size, callback)
 
     specs = _sample_specs(problem)
     donate = request.donate
@@ -216,10 +256,10 @@ def _whole(per_draw: Callable, problem: Problem, request: Request) -> Program:
         jitted = jax.jit(run, donate_argnums=donate, out_shardings=sharding)
     else:
         jitted = jax.jit(_per_shard(run, problem, n_mapped=len(specs)), donate_argnums=donate)
-    return Program(problem, request, Call.WHOLE, jitted, tuple(specs))
+    return Program(problem, request, Call.WHOLE, jitted, (*specs, const_specs(problem)))
 
 
-def _stepped(per_draw: Callable, problem: Problem, request: Request) -> Program:
+def _stepped(bind: Binder, problem: Problem, request: Request) -> Program:
     """A step that the host calls, updating donated outputs in place: one chunk per call
     (`Loop.HOST`), or segments of an XLA loop. Its outputs start as zeros: placed from the
     host on a CPU below `host_zeros_max_bytes` (nothing to compile), else filled by a
@@ -233,12 +273,13 @@ def _stepped(per_draw: Callable, problem: Problem, request: Request) -> Program:
     index = jax.ShapeDtypeStruct((), np.int32)
     specs = _sample_specs(problem)
     write = _write_for(problem)
+    consts = const_specs(problem)
     if request.loop is Loop.XLA:  # segments; one for all chunks without progress or tuner
-        step, call = _segment_step(per_draw, n_local, size, write), Call.SEGMENT
-        args: tuple = (out_specs, specs, index, index)
+        step, call = _segment_step(bind, n_local, size, write), Call.SEGMENT
+        args: tuple = (out_specs, specs, index, index, consts)
     else:
-        step, call = _chunk_step(per_draw, n_local, size, write), Call.CHUNK
-        args = (out_specs, specs, index)
+        step, call = _chunk_step(bind, n_local, size, write), Call.CHUNK
+        args = (out_specs, specs, index, consts)
     jitted = jax.jit(_per_shard(step, problem, n_mapped=2), donate_argnums=0)
     sharding = problem.placement.sharding
     on_cpu = problem.device.platform == "cpu"
@@ -251,7 +292,7 @@ def _stepped(per_draw: Callable, problem: Problem, request: Request) -> Program:
     return Program(problem, request, call, jitted, args, fill=fill)
 
 
-def _to_host(per_draw: Callable, problem: Problem, request: Request) -> Program:
+def _to_host(bind: Binder, problem: Problem, request: Request) -> Program:
     """One chunk step per device that holds draws (one device, or each chain shard), whose
     chunks are landed in host memory."""
     assert request.chunk_size is not None, "host outputs stream chunks"
@@ -262,7 +303,7 @@ def _to_host(per_draw: Callable, problem: Problem, request: Request) -> Program:
     ]
     devices = problem.placement.local_devices if problem.n_shards > 1 else [problem.device]
     steps = tuple(
-        (device, *host_chunk_program(per_draw, local, request.chunk_size, device))
+        (device, *host_chunk_program(bind, local, request.chunk_size, device, problem.consts))
         for device in devices
     )
     return Program(problem, request, Call.TO_HOST, host_steps=steps)
@@ -380,28 +421,29 @@ def _write_rows(outs: list, ys: list, start: Any) -> list:
     return written
 
 
-def _chunk_step(per_draw: Callable, n: int, size: int, write: _Write) -> Callable:
+def _chunk_step(bind: Binder, n: int, size: int, write: _Write) -> Callable:
     """One chunk of `size` draws at item `start` (clamped so it fits): evaluate it and write it
     into the donated outputs, in place (`write`). Straight-line code: it compiles like the
     loop-free vmap, where XLA's loops over many buffers compile for minutes
     (docs/strategies.md)."""
 
-    def step(outs, samples, start):
+    def step(outs, samples, start, consts):
         flat = _flat(samples, n)
         start = jnp.minimum(start, n - size)
-        ys = vmap_draws(per_draw, 1)(*[read_slice(x, start, size, 0) for x in flat])
+        ys = vmap_draws(bind(consts), 1)(*[read_slice(x, start, size, 0) for x in flat])
         return write.leave(write.write(write.enter(outs), ys, start), outs)
 
     return step
 
 
-def _segment_step(per_draw: Callable, n: int, size: int, write: _Write) -> Callable:
+def _segment_step(bind: Binder, n: int, size: int, write: _Write) -> Callable:
     """`count` chunks of the "chunked" XLA loop from item `start` on (each start clamped so
     the chunk fits: the last overlaps the one before), written into the donated outputs
     (`write`). Segments of different chunk sizes tile the draws one after the other."""
 
-    def step(outs, samples, start, count):
+    def step(outs, samples, start, count, consts):
         flat = _flat(samples, n)
+        per_draw = bind(consts)
 
         def body(i, carried):
             at = jnp.minimum(start + i * size, n - size)

@@ -448,12 +448,12 @@ class TestSegmentsKeepTheDraws:
             if not exe.segments:
                 return exe
 
-            def step(outs, samples, lo, hi):
+            def step(outs, samples, lo, hi, consts):
                 calls.append((int(lo), int(hi)))
                 if fail_at and len(calls) == fail_at[0]:
                     raise jax.errors.JaxRuntimeError("INTERNAL: injected failure")
                 assert not any(x.is_deleted() for x in samples)
-                return exe.compiled(outs, samples, lo, hi)
+                return exe.compiled(outs, samples, lo, hi, consts)
 
             return dataclasses.replace(exe, compiled=step)
 
@@ -496,7 +496,7 @@ def assert_zero_outputs_donated_to_the_step(exe, raw):
     assert [(o.shape, o.dtype) for o in outs] == [(s.shape, s.dtype) for s in computed]
     assert all(not np.asarray(o).any() for o in outs)
     pointers = [o.unsafe_buffer_pointer() for o in outs]
-    step = exe.compiled(outs, raw, np.int32(0), np.int32(1))
+    step = exe.compiled(outs, raw, np.int32(0), np.int32(1), list(exe.consts))
     assert all(o.is_deleted() for o in outs)  # donated, not copied
     assert [o.unsafe_buffer_pointer() for o in step] == pointers
 
@@ -824,3 +824,40 @@ def test_products_inside_calls_count():
     for wrap in (lambda f: f, jax.jit, jax.checkpoint):
         closed = jax.make_jaxpr(wrap(plain))(np.ones(10))
         assert _problem.product_bytes(closed.jaxpr) == 500 * x.itemsize, wrap
+
+
+def test_off_a_cpu_auto_runs_no_loop_of_one_chunk(configure, monkeypatch):
+    """Where one chunk would cover every draw, an accelerator runs the loop-free program
+    (`_planner.one_chunk_runs_whole`), from the rule and from the tuning cache alike; a CPU
+    keeps its loop, and a requested size is kept everywhere."""
+    from helpers import FakeAccelerator
+
+    from pymc_chunkpost._problem import Placement
+    from pymc_chunkpost._types import Loop
+
+    model = models.data_regression(n_obs=50)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 10)
+    problem = problem_of(jax_fn, raw)
+    on_tpu = dataclasses.replace(problem, placement=Placement(FakeAccelerator(2**30, "tpu")))
+    n = problem.n_local
+    assert _planner.one_chunk_runs_whole(on_tpu, n)
+    assert not _planner.one_chunk_runs_whole(on_tpu, n - 1)
+    assert not _planner.one_chunk_runs_whole(problem, n)
+    entry = {"loop": "xla", "chunk_size": n}
+    assert _planner._cached_entry(entry, on_tpu) == (Loop.NONE, None, True)
+    assert _planner._cached_entry(entry, problem) == (Loop.XLA, n, True)
+
+    # The planner's wiring, on this CPU taken for an accelerator: the vmap's temporaries are
+    # refused (so the rule sizes chunks), and the budget holds every draw in one chunk.
+    monkeypatch.setattr(
+        _planner, "one_chunk_runs_whole", lambda problem, size: size >= problem.n_local
+    )
+    configure(vmap_temp_bytes=0)
+    pc.clear_caches()
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=2**30)
+    assert (plan.strategy, plan.loop, plan.chunk_size) == ("vmap", "none", None)
+    assert "one chunk would hold all 20 draws" in plan.reason
+    assert_same(outputs, reference(jax_fn, raw))
+    outputs, plan = _postprocess.run(jax_fn, raw, None, "chunked", chunk_size=n)
+    assert (plan.strategy, plan.chunk_size) == ("chunked", n)

@@ -278,13 +278,14 @@ def test_accelerators_write_chunks_row_by_row_without_a_flat_view(
     big = max((problem.out_specs[j].shape for j in problem.computed), key=np.prod)
     assert len(big) == 3  # a (chains, draws, rows) output: its flat view is (chains * draws, rows)
     for writer in (rows(problem), cpu_writer(problem)):
-        per_draw = _program._per_draw(jax_fn, problem)
-        step = _program._chunk_step(per_draw, problem.n_local, chunk_size, writer)
+        bind = _program._binder(jax_fn, problem)
+        step = _program._chunk_step(bind, problem.n_local, chunk_size, writer)
         specs = [
             jax.ShapeDtypeStruct(problem.out_specs[j].shape, problem.out_specs[j].dtype)
             for j in problem.computed
         ]
-        text = jax.jit(step).lower(specs, _program._sample_specs(problem), jnp.int32(0)).as_text()
+        samples, consts = _program._sample_specs(problem), _program.const_specs(problem)
+        text = jax.jit(step).lower(specs, samples, jnp.int32(0), consts).as_text()
         flat = f"tensor<{big[0] * big[1]}x{big[2]}x"
         assert (flat in text) == (writer.write is _program._write_flat), text[:200]
     pc.clear_caches()

@@ -1,0 +1,128 @@
+"""The precision of float32 products (`matmul_precision`).
+
+On a TPU, JAX's default float32 product is one bfloat16 pass. The routes whose pymc
+counterpart computes on the host (post-hoc, predictive) ask for "highest" by default, so that
+their answers are pymc's to float32 accuracy; `postprocess_samples` and the patched
+`pm.sample` keep JAX's default, as pymc's own JAX route has it. On a CPU the setting changes
+no number, so these tests read what the traced program asks of XLA: every product's
+precision in the per-draw jaxpr the engine compiles.
+"""
+
+from __future__ import annotations
+
+import jax
+import models
+import numpy as np
+import pytest
+from helpers import assert_same, reference
+
+import pymc_chunkpost
+from pymc_chunkpost import _postprocess, clear_caches
+
+pm = pytest.importorskip("pymc")
+
+
+def _precisions(jaxpr) -> set:
+    """The `precision` of every product in `jaxpr` and the jaxprs it holds."""
+    found = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            found.add(eqn.params["precision"])
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                found |= _precisions(inner)
+    return found
+
+
+HIGHEST = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """The per-draw jaxprs that `_postprocess.run` analyses, in order."""
+    jaxprs = []
+    analyse = _postprocess.analyse
+
+    def spy(*args, **kwargs):
+        problem = analyse(*args, **kwargs)
+        jaxprs.append(problem.jaxpr.jaxpr)
+        return problem
+
+    monkeypatch.setattr(_postprocess, "analyse", spy)
+    return jaxprs
+
+
+@pytest.mark.parametrize("precision", [None, "highest", "high"])
+def test_the_engine_traces_products_at_the_precision_asked(traced, precision):
+    model = models.data_regression(n_obs=50)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 10)
+    clear_caches()
+    outputs = pymc_chunkpost.postprocess_samples(jax_fn, raw, matmul_precision=precision)
+    expected = None if precision is None else jax.lax.Precision(precision)
+    assert _precisions(traced[-1]) == {None if expected is None else (expected, expected)}
+    assert_same(outputs, reference(jax_fn, raw))
+
+
+def test_one_function_at_two_precisions_is_two_programs(traced):
+    """The precision is part of what a trace is cached by: the second call does not reuse
+    the first one's program."""
+    model = models.data_regression(n_obs=50)
+    jax_fn = models.jax_fn(model)
+    raw = models.raw_draws(model, 2, 10)
+    pymc_chunkpost.postprocess_samples(jax_fn, raw, matmul_precision="highest")
+    pymc_chunkpost.postprocess_samples(jax_fn, raw)
+    assert [_precisions(j) for j in traced] == [{HIGHEST}, {None}]
+
+
+def test_the_posthoc_and_predictive_routes_default_to_highest(traced):
+    model = models.data_regression(n_obs=50)
+    with model:
+        idata = pm.sample_prior_predictive(draws=10, random_seed=1)
+    idata = _as_posterior(idata)
+    quiet = dict(model=model, progressbar=False, extend_inferencedata=False)
+    pymc_chunkpost.compute_log_likelihood(idata, **quiet)
+    pymc_chunkpost.compute_deterministics(idata.posterior, model=model, progressbar=False)
+    with model:
+        pymc_chunkpost.sample_posterior_predictive(idata, progressbar=False)
+    assert len(traced) == 3
+    assert all(_precisions(j) == {HIGHEST} for j in traced)
+    pymc_chunkpost.compute_log_likelihood(idata, **quiet, matmul_precision=None)
+    assert _precisions(traced[-1]) == {None}
+
+
+def _as_posterior(idata):
+    """`idata` with its prior as a posterior of one chain."""
+    prior = idata["prior"]
+    prior = prior.to_dataset() if hasattr(prior, "to_dataset") else prior
+    if int(pm.__version__.split(".")[0]) >= 6:
+        import xarray as xr
+
+        return xr.DataTree.from_dict({"posterior": prior})
+    import arviz as az
+
+    return az.InferenceData(posterior=prior)
+
+
+@pytest.mark.parametrize("bad", ["float64", "HIGHEST", 3, ""])
+def test_a_bad_precision_is_refused_before_any_work(bad, monkeypatch):
+    monkeypatch.setattr(_postprocess, "analyse", lambda *a, **k: pytest.fail("traced"))
+    raw = [np.zeros((2, 5, 3))]
+    with pytest.raises(ValueError, match="`matmul_precision` must be one of"):
+        pymc_chunkpost.postprocess_samples(lambda x: [x], raw, matmul_precision=bad)
+    assert not raw[0].any()
+
+
+def test_the_patched_sampler_checks_its_precision_before_sampling():
+    model = models.data_regression(n_obs=20)
+    with pymc_chunkpost.patched(), model:
+        with pytest.raises(ValueError, match="postprocessing_matmul_precision.*Nothing was"):
+            pm.sample(
+                nuts_sampler="numpyro",
+                draws=5,
+                tune=5,
+                chains=1,
+                progressbar=False,
+                nuts_sampler_kwargs={"postprocessing_matmul_precision": "fast"},
+            )
