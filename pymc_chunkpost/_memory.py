@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import functools
 import os
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 
-__all__ = ["HOST_BUDGET_ENV", "configure_memory", "free_bytes", "host_free_bytes", "resolve_device"]
+__all__ = [
+    "HOST_BUDGET_ENV",
+    "configure_memory",
+    "free_bytes",
+    "host_free_bytes",
+    "one_reading",
+    "read_again",
+    "resolve_device",
+]
 
 #: Bytes of host memory that this package's calls may take (outputs in host memory, their
 #: staging, a CPU's whole work); unset: what the host has available. Read at each call, so
@@ -70,6 +80,42 @@ def _available_backends() -> list[str]:
     return names
 
 
+#: Within `one_reading`: what this call has read of the machine's memory, by what was read.
+_READING: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "pymc_chunkpost_reading", default=None
+)
+
+
+@contextlib.contextmanager
+def one_reading():
+    """Within it (one call of the package), free memory is read from the machine once: the
+    first read of host memory, and of each accelerator's, serves every later question of the
+    call, so that its decisions agree with each other. Nested, the outer reading holds.
+    `read_again` starts afresh (after an out-of-memory failure)."""
+    token = _READING.set({}) if _READING.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _READING.reset(token)
+
+
+def read_again() -> None:
+    """The next reads of free memory go to the machine (within `one_reading`)."""
+    reading = _READING.get()
+    if reading is not None:
+        reading.clear()
+
+
+def _read_once(what: Any, read: Any) -> Any:
+    reading = _READING.get()
+    if reading is None:
+        return read()
+    if what not in reading:
+        reading[what] = read()
+    return reading[what]
+
+
 def free_bytes(device: jax.Device) -> int | None:
     """Memory free for new buffers on `device`, in bytes; None if the device cannot say.
 
@@ -83,6 +129,10 @@ def free_bytes(device: jax.Device) -> int | None:
     """
     if device.platform == "cpu":
         return host_free_bytes()
+    return _read_once(device, functools.partial(_device_free_bytes, device))
+
+
+def _device_free_bytes(device: jax.Device) -> int | None:
     stats = device.memory_stats()
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
@@ -98,7 +148,7 @@ def host_free_bytes() -> int:
         ValueError: `HOST_BUDGET_ENV` is set to something other than a positive number of
             bytes (read before any work).
     """
-    available = _host_available_bytes()
+    available = _read_once("host", _host_available_bytes)
     budget = host_budget_setting()
     return available if budget is None else min(available, budget)
 

@@ -20,7 +20,7 @@ import numpy as np
 from . import _planner, _resources
 from ._chunked import resolve_chunk_size
 from ._executor import CompileOutOfMemory, execute
-from ._memory import resolve_device
+from ._memory import one_reading, read_again, resolve_device
 from ._options import CHUNK_STRATEGIES, check_options
 from ._planner import Attempt
 from ._problem import Problem, analyse, locate
@@ -148,16 +148,17 @@ def plan(
         MemoryError: if the budget cannot hold the outputs.
     """
     check_options("auto", None, None, memory_budget)
-    problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    serial = _resources.serial_shards(problem)
-    if serial is not None:  # as `run` would: each device's shard planned on its own
-        shards = _shards(samples, problem)
-        budget = _shard_budget(memory_budget, len(shards))
-        plans = [plan(jax_fn, local, None, memory_budget=budget) for local in shards.values()]
-        return _shard_by_shard_plan(plans, serial)
-    problem = _resources.spread(problem)
-    budget = _resources.resolve_budget(problem, memory_budget)
-    return _planner.first_attempt(jax_fn, problem, "auto", budget).plan
+    with one_reading():  # as `run` reads the machine
+        problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+        serial = _resources.serial_shards(problem)
+        if serial is not None:  # as `run` would: each device's shard planned on its own
+            shards = _shards(samples, problem)
+            budget = _shard_budget(memory_budget, len(shards))
+            plans = [plan(jax_fn, x, None, memory_budget=budget) for x in shards.values()]
+            return _shard_by_shard_plan(plans, serial)
+        problem = _resources.spread(problem)
+        budget = _resources.resolve_budget(problem, memory_budget)
+        return _planner.first_attempt(jax_fn, problem, "auto", budget).plan
 
 
 def run(
@@ -183,59 +184,92 @@ def run(
     (`Problem.random`)."""
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory, matmul_precision)
-    # Invariant: `jax_fn` is traced here only (`analyse`), and its products keep the
-    # precision they were traced with.
-    with _matmul_precision(matmul_precision):
-        problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-    problem = dataclasses.replace(problem, serial=serial, random=random)
-    one_by_one = _resources.serial_shards(problem)
-    if one_by_one is not None:
-        return _run_shard_by_shard(
-            jax_fn,
-            samples,
-            problem,
-            one_by_one,
-            strategy,
-            donate_samples,
-            chunk_size=chunk_size,
-            n_chunks=n_chunks,
-            memory_budget=memory_budget,
-            progressbar=progressbar,
-            output_memory=output_memory,
-            progress_label=progress_label,
-            matmul_precision=matmul_precision,
-        )
-    if strategy in CHUNK_STRATEGIES:
-        problem = _resources.spread(problem)
-    placed, donate = _place(samples, donate_samples, problem)
+    with one_reading():  # the machine's free memory, read once for the whole call
+        # Invariant: `jax_fn` is traced here only (`analyse`), and its products keep the
+        # precision they were traced with.
+        with _matmul_precision(matmul_precision):
+            problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
+        problem = dataclasses.replace(problem, serial=serial, random=random)
+        one_by_one = _resources.serial_shards(problem)
+        if one_by_one is not None:
+            return _run_shard_by_shard(
+                jax_fn,
+                samples,
+                problem,
+                one_by_one,
+                strategy,
+                donate_samples,
+                chunk_size=chunk_size,
+                n_chunks=n_chunks,
+                memory_budget=memory_budget,
+                progressbar=progressbar,
+                output_memory=output_memory,
+                progress_label=progress_label,
+                matmul_precision=matmul_precision,
+            )
+        if strategy in CHUNK_STRATEGIES:
+            problem = _resources.spread(problem)
+        placed, donate = _place(samples, donate_samples, problem)
+        budget = None  # a fixed strategy is checked only against an explicit budget
+        if strategy in CHUNK_STRATEGIES or memory_budget is not None:
+            budget = _resources.resolve_budget(problem, memory_budget)
+        size = None
+        if chunk_size is not None or n_chunks is not None:
+            size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
+        request = _Request(strategy, budget, size, progressbar, output_memory, progress_label)
+        attempt, computed = _attempts(jax_fn, problem, placed, donate, request)
+    for i in donate:  # what donation frees, once nothing can fail any more
+        if not placed[i].is_deleted():
+            placed[i].delete()
+    it = iter(computed)
+    outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
+    if attempt.exe.output_memory == "host":
+        outputs = _from_host(outputs, problem, output_memory)
+    return outputs, _planner.finished(attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What the caller of `run` asked for, as the attempts read it."""
+
+    strategy: str
+    budget: int | None  # per device; None: no known limit
+    chunk_size: int | None  # resolved; None: the planner's
+    progressbar: bool
+    output_memory: str
+    progress_label: str
+
+
+def _attempts(
+    jax_fn: Callable, problem: Problem, placed: list, donate: Sequence[int], request: _Request
+) -> tuple[Attempt, list[Any]]:
+    """The planner's attempts run until one succeeds (the planner decides what follows an
+    out-of-memory failure, or raises); the one that ran and its computed outputs.
+
+    Invariant: after a failure the machine's free memory is read again (`read_again`), once
+    what the failed attempt held is released.
+    """
     # What XLA may take: see `xla_may_donate`. The rest of `donate` is deleted after success.
-    xla_donate = donate if xla_may_donate(problem.device) else ()
-    budget = None  # a fixed strategy is checked only against an explicit budget
-    if strategy in CHUNK_STRATEGIES or memory_budget is not None:
-        budget = _resources.resolve_budget(problem, memory_budget)
-    size = None
-    if chunk_size is not None or n_chunks is not None:
-        size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
+    xla_donate = tuple(donate) if xla_may_donate(problem.device) else ()
     attempt: Attempt | None = None
-    computed: list[jax.Array] | None = None
-    failed_strategy = strategy
+    failed_strategy = request.strategy
     while True:
         try:
             if attempt is None:
                 attempt = _planner.first_attempt(
                     jax_fn,
                     problem,
-                    strategy,
-                    budget,
-                    chunk_size=size,
+                    request.strategy,
+                    request.budget,
+                    chunk_size=request.chunk_size,
                     donate=xla_donate,
-                    progress=progressbar,
-                    output_memory=output_memory,
+                    progress=request.progressbar,
+                    output_memory=request.output_memory,
                 )
-            with progress_bar(problem.n_items, progress_label, progressbar):
+            with progress_bar(problem.n_items, request.progress_label, request.progressbar):
                 computed = execute(attempt.exe, placed, attempt.tuner)
                 jax.block_until_ready(computed)
-            break
+            return attempt, computed
         except (jax.errors.JaxRuntimeError, CompileOutOfMemory) as error:
             if not _planner.retries(attempt, error):
                 raise
@@ -243,6 +277,7 @@ def run(
             # frames it failed in), so that the free memory the planner reads is real.
             computed = None
             traceback.clear_frames(error.__traceback__)
+            read_again()
             if attempt is not None:
                 failed_strategy = attempt.plan.strategy
             attempt = _planner.next_attempt(
@@ -252,19 +287,10 @@ def run(
                 failed_strategy,
                 error,
                 lost=[i for i in donate if placed[i].is_deleted()],
-                budget=budget,
+                budget=request.budget,
                 donate=xla_donate,
-                progress=progressbar,
+                progress=request.progressbar,
             )
-    assert computed is not None and attempt is not None
-    for i in donate:  # what donation frees, once nothing can fail any more
-        if not placed[i].is_deleted():
-            placed[i].delete()
-    it = iter(computed)
-    outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
-    if attempt.exe.output_memory == "host":
-        outputs = _from_host(outputs, problem, output_memory)
-    return outputs, _planner.finished(attempt)
 
 
 def _matmul_precision(precision: str | None) -> contextlib.AbstractContextManager:

@@ -19,7 +19,7 @@ from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, make_single_device_sharding
 
 from ._cache import FunctionCache
-from ._compat import CALLS
+from ._compat import CALLS, LAPACK_PRIMITIVES
 
 __all__ = ["Problem", "Placement", "analyse", "locate", "is_out_of_memory", "nbytes"]
 
@@ -120,6 +120,8 @@ class Problem:
             hashing keys into bits and writing draws, elementwise, which XLA's CPU runtime
             spreads over the cores in a straight-line program and not inside its loop
             (`_planner.loop_for`).
+        calls_lapack: the per-draw jaxpr applies a LAPACK kernel (`_compat.LAPACK_PRIMITIVES`),
+            read once per trace (`_resources.serial_shards`, `lanes_for`).
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -133,6 +135,7 @@ class Problem:
     gathered_bytes: int = dataclasses.field(default=0, compare=False)
     serial: bool = False
     random: bool = False
+    calls_lapack: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def device(self) -> jax.Device:
@@ -234,6 +237,7 @@ class _Trace:
     shared_bytes: int
     fingerprint: str
     gathered_bytes: int
+    calls_lapack: bool
 
 
 def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placement) -> Problem:
@@ -270,6 +274,7 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
         fingerprint=trace.fingerprint,
         jaxpr=trace.jaxpr,
         gathered_bytes=trace.gathered_bytes,
+        calls_lapack=trace.calls_lapack,
     )
     _ANALYSES.put(jax_fn, key, problem)
     return problem
@@ -287,6 +292,7 @@ def _trace(jax_fn: Callable, per_draw: Sequence[jax.ShapeDtypeStruct]) -> _Trace
         shared_bytes=sum(int(getattr(c, "nbytes", 0)) for c in closed.consts),
         fingerprint=f"{closed.jaxpr}|{consts}",
         gathered_bytes=_gathered_bytes(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
+        calls_lapack=uses_primitives(closed.jaxpr, LAPACK_PRIMITIVES),
     )
 
 

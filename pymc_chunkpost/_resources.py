@@ -19,7 +19,7 @@ from ._config import current
 from ._host_output import host_memory_kind
 from ._memory import HOST_BUDGET_ENV, free_bytes, host_budget_setting, host_free_bytes
 from ._messages import budget_text, mib, warn
-from ._problem import Placement, Problem, cpu_cores, uses_primitives
+from ._problem import Placement, Problem, cpu_cores
 
 __all__ = [
     "STAGED_CHUNKS",
@@ -203,11 +203,7 @@ def serial_shards(problem: Problem) -> str | None:
 def _lapack_may_deadlock(problem: Problem) -> bool:
     """Whether this jaxlib can deadlock running `problem`'s LAPACK kernels concurrently: it
     is one that can (`_compat.lapack_may_deadlock`), and the per-draw function calls one."""
-    return (
-        _compat.lapack_may_deadlock()
-        and problem.jaxpr is not None
-        and uses_primitives(problem.jaxpr.jaxpr, _compat.LAPACK_PRIMITIVES)
-    )
+    return problem.calls_lapack and _compat.lapack_may_deadlock()
 
 
 def _cpu_device_count() -> int:
