@@ -151,11 +151,11 @@ class PlannerConfig:
             and splitting it over host devices measured slower.
         spread_min_bytes: ...when the outputs and temporaries of the whole run come to at
             least this much work.
-        max_lanes: a serial problem on a CPU (each draw computed by a program of one draw,
-            in a loop that XLA runs on one thread) streams its chunks into host memory from
-            one host thread per core, up to this many: the same compiled step, called
-            concurrently on other draws (numpyro's 2,000- and 30,000-row regressions ran
-            1.6-2x faster on 2 cores).
+        max_lanes: a problem of one-draw programs on a CPU (each draw computed by a
+            program of one draw, in a loop that XLA runs on one thread) streams its chunks
+            into host memory from one host thread per core, up to this many: the same
+            compiled step, called concurrently on other draws (numpyro's 2,000- and
+            30,000-row regressions ran 1.6-2x faster on 2 cores).
         lane_chunks: ...each lane streaming at least this many chunks, so that a lane's
             next chunk computes while its last one is written into place.
         land_threads: an accelerator's chunk, landed in host memory, is written into its

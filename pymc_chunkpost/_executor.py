@@ -478,7 +478,7 @@ def _relocated(programs: list | None, device: jax.Device, n_programs: int) -> li
     Invariant: the program depends on the device only through its assignment. The key of
     `_BY_DEVICE_KIND` holds what `_EXECUTABLES`'s does (the function, the problem, the
     plan) less the device, so it names one program as that key does. The shards of a
-    shard-by-shard run (`_resources.serial_shards`) thus compile once in all.
+    shard-by-shard run (`_resources.shard_by_shard`) thus compile once in all.
     """
     if programs is None or len(programs) != n_programs:
         return None

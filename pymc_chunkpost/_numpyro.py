@@ -725,7 +725,7 @@ def _map(
         progressbar=options.progressbar,
         output_memory=options.output_memory,
         progress_label=label,
-        serial=options.exact,
+        one_draw_programs=options.exact,
     )
     leaves = [_unbatch(y, batch_shape, f) for y, f in zip(outputs, traced.forwarded)]
     return jax.tree_util.tree_unflatten(traced.out_tree, leaves), plan

@@ -150,12 +150,12 @@ def plan(
     check_options("auto", None, None, memory_budget)
     with one_reading():  # as `run` reads the machine
         problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-        serial = _resources.serial_shards(problem)
-        if serial is not None:  # as `run` would: each device's shard planned on its own
+        one_by_one = _resources.shard_by_shard(problem)
+        if one_by_one is not None:  # as `run` would: each device's shard planned on its own
             shards = _shards(samples, problem)
             budget = _shard_budget(memory_budget, len(shards))
             plans = [plan(jax_fn, x, None, memory_budget=budget) for x in shards.values()]
-            return _shard_by_shard_plan(plans, serial)
+            return _shard_by_shard_plan(plans, one_by_one)
         problem = _resources.spread(problem)
         budget = _resources.resolve_budget(problem, memory_budget)
         return _planner.first_attempt(jax_fn, problem, "auto", budget).plan
@@ -174,13 +174,13 @@ def run(
     progressbar: bool = False,
     output_memory: str = "auto",
     progress_label: str = "Transforming variables",
-    serial: bool = False,
+    one_draw_programs: bool = False,
     random: bool = False,
     matmul_precision: str | None = None,
 ) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
-    progress bar (each route says what it computes). `serial`: `jax_fn`, mapped, computes
-    one draw at a time (`Problem.serial`); `random`: it draws random numbers
+    progress bar (each route says what it computes). `one_draw_programs`: `jax_fn`, mapped, computes
+    one draw at a time (`Problem.one_draw_programs`); `random`: it draws random numbers
     (`Problem.random`)."""
     strategy = postprocessing_vectorize
     check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory, matmul_precision)
@@ -189,8 +189,8 @@ def run(
         # precision they were traced with.
         with _matmul_precision(matmul_precision):
             problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
-        problem = dataclasses.replace(problem, serial=serial, random=random)
-        one_by_one = _resources.serial_shards(problem)
+        problem = dataclasses.replace(problem, one_draw_programs=one_draw_programs, random=random)
+        one_by_one = _resources.shard_by_shard(problem)
         if one_by_one is not None:
             return _run_shard_by_shard(
                 jax_fn,
@@ -320,7 +320,7 @@ def _run_shard_by_shard(
     memory_budget: float | None,
     **options: Any,
 ) -> tuple[list[Any], Plan]:
-    """`run` on each device's shard in turn, as a one-device run (`_resources.serial_shards`).
+    """`run` on each device's shard in turn, as a one-device run (`_resources.shard_by_shard`).
 
     Invariant: each shard has finished before the next is dispatched. One-device programs
     dispatched at once on every device hang as the one program over all of them does
@@ -346,7 +346,7 @@ def _run_shard_by_shard(
             strategy,
             False,
             memory_budget=budget,
-            serial=problem.serial,
+            one_draw_programs=problem.one_draw_programs,
             random=problem.random,
             **options,
         )

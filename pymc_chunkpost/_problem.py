@@ -113,15 +113,15 @@ class Problem:
             so a Python-heavy function (a jaxified pytensor graph) is traced only once.
         gathered_bytes: per draw, the bytes of the results of gathers and scatters of the
             draw's values (`a[idx]`, row-indexed group effects); 0 where there are none.
-        serial: the function, mapped, computes one draw at a time (a loop of programs of one
-            draw, as numpyro's route does for numpyro's numbers), which XLA runs on one
-            thread (`_resources.lanes_for`).
+        one_draw_programs: the function, mapped, computes one draw at a time (a loop of
+            programs of one draw, as numpyro's route does for numpyro's numbers), which XLA
+            runs on one thread (`_resources.lanes_for`).
         random: the function draws random numbers (the predictive route): its work is
             hashing keys into bits and writing draws, elementwise, which XLA's CPU runtime
             spreads over the cores in a straight-line program and not inside its loop
             (`_planner.loop_for`).
         calls_lapack: the per-draw jaxpr applies a LAPACK kernel (`_compat.LAPACK_PRIMITIVES`),
-            read once per trace (`_resources.serial_shards`, `lanes_for`).
+            read once per trace (`_resources.shard_by_shard`, `lanes_for`).
     """
 
     in_specs: tuple[jax.ShapeDtypeStruct, ...]
@@ -133,7 +133,7 @@ class Problem:
     fingerprint: str = dataclasses.field(default="", compare=False, repr=False)
     jaxpr: Any = dataclasses.field(default=None, compare=False, repr=False)
     gathered_bytes: int = dataclasses.field(default=0, compare=False)
-    serial: bool = False
+    one_draw_programs: bool = False
     random: bool = False
     calls_lapack: bool = dataclasses.field(default=False, compare=False)
 

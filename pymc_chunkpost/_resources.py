@@ -1,6 +1,6 @@
 """Where a call runs and what it may use: policy, as the rest of the planner.
 
-The devices (`spread`: single-device draws over several accelerators; `serial_shards`: shards
+The devices (`spread`: single-device draws over several accelerators; `shard_by_shard`: shards
 one after another where a jaxlib can deadlock), the memory budget per device
 (`resolve_budget`, `check_budget`), and where the outputs live (`output_memory_for`). Each is
 decided here once, from the problem and the machine; the chunk plan (`_planner`) reads them.
@@ -33,7 +33,7 @@ __all__ = [
     "output_bytes_per_draw",
     "output_memory_for",
     "resolve_budget",
-    "serial_shards",
+    "shard_by_shard",
     "spread",
 ]
 
@@ -155,13 +155,13 @@ def lanes_for(problem: Problem) -> tuple[int, str]:
     """How many host threads stream chunks at once (`_host_output.stream_to_host`), and why:
     the one place this is decided.
 
-    One, but for a serial problem (each draw computed by a program of one draw, in a loop
-    that XLA runs on one thread) on one CPU device: there one per core, up to `max_lanes`
-    and to a chunk each. Not where the jaxlib deadlock of `serial_shards` could strike:
-    concurrent LAPACK kernels.
+    One, but for a problem of one-draw programs (each draw computed by a program of one
+    draw, in a loop that XLA runs on one thread) on one CPU device: there one per core, up
+    to `max_lanes` and to a chunk each. Not where the jaxlib deadlock of `shard_by_shard`
+    could strike: concurrent LAPACK kernels.
     """
     config = current()
-    if not problem.serial or problem.device.platform != "cpu" or problem.n_shards != 1:
+    if not problem.one_draw_programs or problem.device.platform != "cpu" or problem.n_shards != 1:
         return 1, "one lane"
     if _lapack_may_deadlock(problem):
         return 1, "one lane: concurrent LAPACK kernels can deadlock in this jaxlib"
@@ -176,7 +176,7 @@ def host_is_the_device(problem: Problem, request: str) -> bool:
     return request != "host" and problem.device.platform == "cpu"
 
 
-def serial_shards(problem: Problem) -> str | None:
+def shard_by_shard(problem: Problem) -> str | None:
     """Why the shards of `problem` must run one after another, each as a one-device run, or
     None when they run together.
 

@@ -1,7 +1,7 @@
 """Run in a subprocess by tests/test_sharding.py: a JAX with 4 CPU devices (the README's
 advice for 4 chains), a GP's draws split over all 4, chunks of 8 draws against pymc's vmap.
 On jaxlib 0.10 the shards' loops over Cholesky kernels deadlocked when run at once
-(`_resources.serial_shards`, `_compat.lapack_may_deadlock`)."""
+(`_resources.shard_by_shard`, `_compat.lapack_may_deadlock`)."""
 
 from __future__ import annotations
 

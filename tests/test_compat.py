@@ -46,7 +46,7 @@ def test_lapack_shards_run_one_after_another_only_on_a_jaxlib_that_deadlocks(mon
     mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("chain",))
     draws = jax.device_put(np.ones((4, 2, 3, 3)), NamedSharding(mesh, PartitionSpec("chain")))
     problem, _ = _postprocess._validate(per_draw, [draws], None)
-    reason = _resources.serial_shards(problem)
+    reason = _resources.shard_by_shard(problem)
     assert (reason is not None) is _compat.lapack_may_deadlock(), reason
 
 

@@ -164,7 +164,7 @@ def test_out_of_memory_on_the_host_path_keeps_the_draws(wide, monkeypatch):
 
 def _serial(problem, cores, monkeypatch):
     monkeypatch.setattr(_resources, "cpu_cores", lambda: cores)
-    return dataclasses.replace(problem, serial=True)
+    return dataclasses.replace(problem, one_draw_programs=True)
 
 
 @pytest.mark.parametrize("cores", [1, 2, 3, 16])
@@ -189,9 +189,13 @@ def test_lanes_stay_within_the_budget_with_the_outputs(wide, monkeypatch):
     monkeypatch.setattr(_resources, "cpu_cores", lambda: 3)
     floor = problem_of(jax_fn, raw).output_bytes
     with pytest.raises(MemoryError, match="memory budget"):
-        _postprocess.run(jax_fn, raw, None, "auto", memory_budget=floor // 2, serial=True)
+        _postprocess.run(
+            jax_fn, raw, None, "auto", memory_budget=floor // 2, one_draw_programs=True
+        )
     budget = int(1.5 * floor)  # three lanes' chunks of a draw or two beside the outputs
-    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=budget, serial=True)
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", memory_budget=budget, one_draw_programs=True
+    )
     assert plan.lanes == 3 and plan.output_memory == "host"
     assert floor < plan.peak_bytes <= budget
     assert_same(outputs, reference(jax_fn, raw))

@@ -158,7 +158,7 @@ def test_vmap_threshold_counts_every_cpu_device(built):
         assert_same(outputs, expected)
 
 
-# jaxlib 0.10's deadlock (`_resources.serial_shards`): loops over LAPACK kernels on every CPU
+# jaxlib 0.10's deadlock (`_resources.shard_by_shard`): loops over LAPACK kernels on every CPU
 # device of a process at once. The GP fixture calls a Cholesky per draw.
 
 
@@ -185,7 +185,7 @@ def _assert_close_gp(outputs, expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7 * scale)
 
 
-def test_serial_shards_only_where_the_deadlock_can_happen(gp, built, monkeypatch):
+def test_shard_by_shard_only_where_the_deadlock_can_happen(gp, built, monkeypatch):
     _, jax_fn, raw = gp
     sharded = _sharded(raw, SPECS["chains"])
     problem = _postprocess._validate(jax_fn, sharded, None)[0]
@@ -195,14 +195,14 @@ def test_serial_shards_only_where_the_deadlock_can_happen(gp, built, monkeypatch
     )[0]
     one_device = _postprocess._validate(jax_fn, [jnp.asarray(x) for x in raw], None)[0]
     if not _compat.lapack_may_deadlock():
-        assert _resources.serial_shards(problem) is None  # a fixed jaxlib
+        assert _resources.shard_by_shard(problem) is None  # a fixed jaxlib
     _deadlock_prone(monkeypatch)
-    reason = _resources.serial_shards(problem)
+    reason = _resources.shard_by_shard(problem)
     assert reason is not None and "one shard after another" in reason
-    assert _resources.serial_shards(plain) is None  # no LAPACK kernel
-    assert _resources.serial_shards(one_device) is None
+    assert _resources.shard_by_shard(plain) is None  # no LAPACK kernel
+    assert _resources.shard_by_shard(one_device) is None
     monkeypatch.setattr(_resources, "_cpu_device_count", lambda: 8)  # 4 shards of 8 ran
-    assert _resources.serial_shards(problem) is None
+    assert _resources.shard_by_shard(problem) is None
 
 
 @pytest.mark.parametrize(
@@ -258,7 +258,8 @@ def test_plan_of_a_deadlock_prone_call_is_the_shard_by_shard_run(gp, monkeypatch
 
 @pytest.mark.parametrize("serial, random", [(True, False), (False, True)])
 def test_each_shard_runs_as_the_call_says_its_function_computes(gp, monkeypatch, serial, random):
-    """A shard is planned as the whole call would be: one draw at a time (`serial`), or
+    """A shard is planned as the whole call would be: one draw at a time (`serial`, that is
+    `one_draw_programs`), or
     random draws (`random`)."""
     _, jax_fn, raw = gp
     _deadlock_prone(monkeypatch)
@@ -266,12 +267,12 @@ def test_each_shard_runs_as_the_call_says_its_function_computes(gp, monkeypatch,
     real = _planner.first_attempt
 
     def first_attempt(fn, problem, *args, **kwargs):
-        seen.append((problem.serial, problem.random))
+        seen.append((problem.one_draw_programs, problem.random))
         return real(fn, problem, *args, **kwargs)
 
     monkeypatch.setattr(_planner, "first_attempt", first_attempt)
     sharded = _sharded(raw, SPECS["chains"])
-    _postprocess.run(jax_fn, sharded, None, "auto", serial=serial, random=random)
+    _postprocess.run(jax_fn, sharded, None, "auto", one_draw_programs=serial, random=random)
     assert seen == [(serial, random)] * 4
 
 
@@ -293,7 +294,7 @@ def test_shard_by_shard_plan_says_what_the_first_shard_chose(gp, monkeypatch, tm
 @pytest.mark.slow  # a fresh process with 4 CPU devices
 def test_gp_on_every_device_of_a_4_device_jax_returns():
     """The README's advice (one CPU device per chain) with a GP: on jaxlib 0.10 this hung
-    forever before `serial_shards`; on later jaxlib it runs the shards together."""
+    forever before `shard_by_shard`; on later jaxlib it runs the shards together."""
     import os
     import subprocess
     import sys
