@@ -141,10 +141,9 @@ def _host_output_attempt(
         request = _host_request(call, size, lanes)
         exe = _compile(call.jax_fn, problem, request)
         if exe is not None:
-            # Every lane's chunk is alive at once (the draws they read, once); on a CPU, in
-            # the memory the outputs take.
-            per_lane = max(exe.peak_bytes - problem.input_bytes // problem.n_shards, 0)
-            peak = held + exe.peak_bytes + (lanes - 1) * per_lane
+            # `exe.peak_bytes` (its one owner) counts every lane's chunk alive at once; on a
+            # CPU they are in the memory the outputs take.
+            peak = held + exe.peak_bytes
             if peak <= call.limit and (not cpu or held or host_fits(problem, peak)):
                 streams = f" by {lanes} lanes" if lanes > 1 else ""
                 reason = (

@@ -14,7 +14,7 @@ from helpers import FakeAccelerator as FakeGpu
 from helpers import assert_intact, assert_same, out_of_memory, problem_of, reference
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _postprocess, _resources
+from pymc_chunkpost import _planner, _postprocess, _resources
 from pymc_chunkpost._config import current
 from pymc_chunkpost._problem import Placement
 
@@ -245,3 +245,18 @@ def test_lanes_outputs_are_not_advised_for_huge_pages():
     if not _advised_huge_pages(numpy_array):
         pytest.skip("this numpy does not advise huge pages: nothing to compare with")
     assert not _advised_huge_pages(aligned_empty((size,), np.uint8))
+
+
+def test_the_peak_of_lanes_is_counted_once(wide, monkeypatch):
+    """The executable owns the peak of its lanes (`Executable.peak_bytes`: each lane's two
+    chunks' outputs and one chunk's temporaries); the plan adds only the outputs that host
+    memory holds on a CPU, not the lanes a second time."""
+    model, jax_fn = wide
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
+    problem = _serial(problem_of(jax_fn, raw), 3, monkeypatch)
+    attempt = _planner.first_attempt(jax_fn, problem, "auto", 2**34)
+    exe = attempt.exe
+    assert exe.request.lanes == 3 and exe.output_memory == "host"
+    lane = 2 * exe.output_bytes + exe.temp_bytes
+    assert exe.peak_bytes == 3 * lane
+    assert attempt.plan.peak_bytes == problem.output_bytes + 3 * lane
