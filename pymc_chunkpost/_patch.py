@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _postprocess
+from . import _postprocess, _route
 from ._memory import resolve_device
 from ._options import check_options
 from ._types import Plan
@@ -519,7 +519,11 @@ def _make_posthoc(original: Callable, ours: Callable) -> Callable:
 
     @functools.wraps(ours)
     def replacement(*args, **kwargs):
-        return ours(*args, **kwargs)
+        token = _route.ROUTED.set(True)  # a fallback is logged, not warned
+        try:
+            return ours(*args, **kwargs)
+        finally:
+            _route.ROUTED.reset(token)
 
     replacement.__doc__ = (
         f"pymc's `{original.__name__}`, routed by `pymc_chunkpost.patch` to "
@@ -571,13 +575,13 @@ def _make_predictive(original: Callable, predictive: Any) -> Callable:
 
     @functools.wraps(original)
     def sample_posterior_predictive(*args, **kwargs):
-        ours = {k: kwargs.pop(k) for k in predictive._OPTIONS if k in kwargs}
+        ours = {k: kwargs.pop(k) for k in _route.OPTIONS if k in kwargs}
         bound = signature.bind(*args, **kwargs)
-        token = predictive.ROUTED.set(True)
+        token = _route.ROUTED.set(True)
         try:
             return predictive.sample_posterior_predictive(**bound.arguments, **ours)
         finally:
-            predictive.ROUTED.reset(token)
+            _route.ROUTED.reset(token)
 
     sample_posterior_predictive.__doc__ = (
         "pymc's `sample_posterior_predictive`, routed by `pymc_chunkpost.patch("

@@ -11,7 +11,9 @@ What the JAX route cannot honour runs pymc's own function: the answer is always 
 the user asked for it (a non-JAX `backend=`, pymc-only `compile_kwargs`) that is said at INFO
 on the `pymc_chunkpost` logger, not as a warning (pymc's own tests turn warnings into errors);
 where the route fails them (a graph with no JAX implementation, sample dims pymc 5 cannot
-take) it is a one-line `UserWarning`.
+take) it is a one-line `UserWarning`, or a log warning where `patch` routed pymc's own call
+here. The arguments, the fallback, the graph cache and the evaluation are the pymc routes'
+shared seam (`_route`); this module keeps pymc's rules for these three functions.
 """
 
 from __future__ import annotations
@@ -24,19 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _postprocess
 from ._cache import FunctionCache
 from ._graph import jaxify
-from ._memory import resolve_device
-from ._options import check_options
-from ._pymc_model import (
-    Fallback,
-    compile_fallback,
-    expected_shapes,
-    fingerprint,
-    host_array,
-    pymc6,
-)
+from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
+from ._route import Options, cached_graph, evaluate, fall_back, split
 
 __all__ = ["compute_log_likelihood", "compute_log_prior", "compute_deterministics"]
 
@@ -51,21 +44,11 @@ PYMC_FUNCTIONS: dict[str, tuple[str, str]] = {
 #: The attribute a replacement carries, naming the pymc function it replaced.
 ORIGINAL_ATTRIBUTE = "_pymc_chunkpost_original"
 
-# Our own keyword options; everything else is pymc's.
-_OPTIONS = (
-    "postprocessing_backend",
-    "postprocessing_vectorize",
-    "chunk_size",
-    "n_chunks",
-    "memory_budget",
-    "matmul_precision",
-)
 _KIND_TARGETS = {"likelihood": "observed_RVs", "prior": "free_RVs"}
 _CACHE_PER_MODEL = 8  # jaxified graphs kept per model (each holds its compiled executables)
 # Weakly keyed on the model: a model that is gone takes its graphs, and their compiled
 # executables, with it; `clear_caches` empties it.
 _GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
-_log = logging.getLogger("pymc_chunkpost")
 #: The `compile_kwargs` this route honours: a JAX `mode`.
 _NEUTRAL_COMPILE_KWARGS = frozenset({"mode"})
 
@@ -234,7 +217,7 @@ def compute_deterministics(
         )
     fallback = _fallback_reason(pymc_args)
     if fallback is not None:
-        return _fall_back(original, name, fallback, dataset, pymc_args)
+        return fall_back(name, fallback, original, dataset, **pymc_args)
     import pymc
 
     if pymc_args.get("merge_dataset") and pymc6():
@@ -261,8 +244,8 @@ def compute_deterministics(
     outputs = [model[n] for n in names]
     graph = _graph(model, key, lambda: (model, list(model.free_RVs), outputs, names))
     if isinstance(graph, str):
-        return _fall_back(
-            original, name, Fallback(graph, logging.WARNING), original_object, pymc_args
+        return fall_back(
+            name, Fallback(graph, logging.WARNING), original, original_object, **pymc_args
         )
     values = _evaluate(graph, draws, ours, "Computing deterministics")
     new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
@@ -284,7 +267,7 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     original = _pymc(name)
     fallback = _fallback_reason(pymc_args)
     if fallback is not None:
-        return _fall_back(original, name, fallback, idata, pymc_args)
+        return fall_back(name, fallback, original, idata, **pymc_args)
     posterior = _posterior(idata)
     model = pymc.modelcontext(pymc_args["model"])
     target = _KIND_TARGETS[kind]
@@ -308,7 +291,7 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     key = (kind, None if var_names is None else tuple(names))
     graph = _graph(model, key, build)
     if isinstance(graph, str):
-        return _fall_back(original, name, Fallback(graph, logging.WARNING), idata, pymc_args)
+        return fall_back(name, Fallback(graph, logging.WARNING), original, idata, **pymc_args)
     values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
@@ -335,57 +318,27 @@ def _pymc(name: str) -> Callable:
 _PUBLIC: dict[str, Callable] = {}  # filled below: name -> our public function
 
 
-def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """pymc's arguments (those the installed pymc takes) and ours, all checked.
+def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], Options]:
+    """pymc's arguments (those the installed pymc takes) and our checked options
+    (`_route.split`), and pymc's `sample_dims` checked.
 
     Raises:
         TypeError: an argument the installed pymc does not take (pymc 5 has no `backend`,
             `group` or `extend_dataset`), or an unknown option, as Python would for pymc.
-        ValueError: a bad option of ours.
+        ValueError: a bad option of ours, or bad `sample_dims`.
     """
-    import pymc
-
-    ours_signature = inspect.signature(_PUBLIC[name]).parameters
-    pymc_signature = inspect.signature(_pymc(name)).parameters
-    first = next(iter(ours_signature))
-    pymc_args: dict[str, Any] = {}
-    for key, parameter in ours_signature.items():
-        if key == first or key in _OPTIONS or parameter.kind is parameter.VAR_KEYWORD:
-            continue
-        value = arguments[key]
-        if key in pymc_signature:
-            pymc_args[key] = value
-        elif value is not parameter.default:
-            raise TypeError(
-                f"{name}() got an unexpected keyword argument {key!r}: the installed pymc "
-                f"{pymc.__version__} has no `{key}` there."
-            )
-    run_parameters = inspect.signature(_postprocess.run).parameters
-    extra = arguments["options"]
-    for key in extra:
-        if (
-            key not in run_parameters
-            or run_parameters[key].kind is not inspect.Parameter.KEYWORD_ONLY
-        ):
-            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
-    ours = {key: arguments[key] for key in _OPTIONS} | extra
-    ours["progressbar"] = bool(arguments["progressbar"])
-    check_options(
-        ours["postprocessing_vectorize"],
-        ours["chunk_size"],
-        ours["n_chunks"],
-        ours["memory_budget"],
-        ours.get("output_memory", "auto"),
-        ours["matmul_precision"],
+    public = _PUBLIC[name]
+    first = next(iter(inspect.signature(public).parameters))
+    pymc_args, options = split(
+        name, public, _pymc(name), arguments, skip=(first,), extra=arguments["options"]
     )
-    resolve_device(ours["postprocessing_backend"])
     sample_dims = pymc_args["sample_dims"]
     if isinstance(sample_dims, str) or not all(isinstance(d, str) for d in sample_dims):
         raise ValueError(
             f"`sample_dims` must be a sequence of dimension names, got {sample_dims!r}. Pass, "
             'for example, `sample_dims=("chain", "draw")` or `sample_dims=("sample",)`.'
         )
-    return pymc_args, ours
+    return pymc_args, options
 
 
 def _fallback_reason(pymc_args: dict[str, Any]) -> Fallback | None:
@@ -396,18 +349,6 @@ def _fallback_reason(pymc_args: dict[str, Any]) -> Fallback | None:
     if len(pymc_args["sample_dims"]) != 2 and not pymc6():
         return Fallback("pymc 5 takes two `sample_dims` only", logging.WARNING)
     return None
-
-
-def _fall_back(
-    original: Callable, name: str, fallback: Fallback, first: Any, pymc_args: dict
-) -> Any:
-    """pymc's own `original`: logged where the user asked for it, else a one-line warning."""
-    if fallback.level < logging.WARNING:
-        _log.log(fallback.level, "`%s` runs pymc's own function (%s).", name, fallback.reason)
-    else:
-        message = f"pymc_chunkpost: `{name}` runs pymc's own function ({fallback.reason})."
-        warnings.warn(message, UserWarning, stacklevel=3)
-    return original(first, **pymc_args)
 
 
 def _posterior(idata: Any) -> Any:
@@ -541,33 +482,24 @@ class _Graph:
 
 
 def _graph(model: Any, key: tuple, build: Callable) -> _Graph | str:
-    """The jaxified graph of `build()`, cached per model; a reason to fall back if none.
+    """The jaxified graph of `build()`, cached per model (`_route.cached_graph`: a model that
+    is gone takes its graphs with it); a reason to fall back if none.
 
-    `build` returns `(model, inputs, outputs, output names)`. The cache keys weakly on the
-    model (a model that is gone takes its graphs, and their compiled executables, with it)
-    and on the model's variables and data: `pm.set_data` gives a new graph, as pymc's data would be
-    baked in as constants.
+    `build` returns `(model, inputs, outputs, output names)`.
     """
-    key = (*key, fingerprint(model))
-    cached = _GRAPHS.get(model, key)
-    if cached is not None:
-        return cached
-    from pytensor import config
 
-    # pytensor records a Python stack trace on every node it builds, for errors in the
-    # user's own graph; these graphs are ours, built from a model that already compiled.
-    with config.change_flags(traceback__limit=0):
+    def jaxified() -> _Graph | str:
         graph_model, inputs, outputs, names = build()
         try:
-            graph = _jaxify(graph_model, inputs, outputs, names)
+            return _jaxify(graph_model, inputs, outputs, names)
         except NotImplementedError as error:  # an Op with no JAX implementation
             return f"no JAX implementation: {error}"
         except ValueError as error:
             if "RandomType" not in str(error):
                 raise
             return "the graph draws random numbers"
-    _GRAPHS.put(model, key, graph)
-    return graph
+
+    return cached_graph(_GRAPHS, model, key, jaxified)
 
 
 def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph:
@@ -600,21 +532,13 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
 
 
-def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any], label: str) -> list[np.ndarray]:
+def _evaluate(graph: _Graph, draws: _Draws, options: Options, label: str) -> list[np.ndarray]:
     """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes."""
-    ours = dict(ours)
-    backend = ours.pop("postprocessing_backend")
-    strategy = ours.pop("postprocessing_vectorize")
     arrays = [draws.arrays[name] for name in graph.input_names]
-    outputs, _ = _postprocess.run(
-        graph.jax_fn, arrays, backend, strategy, False, progress_label=label, **ours
-    )
-    values: list[np.ndarray] = []
-    while outputs:
-        array = host_array(outputs.pop(0), arrays)
+    values = evaluate(graph.jax_fn, arrays, options, label, host_inputs=arrays)
+    for i, (array, dtype) in enumerate(zip(values, graph.dtypes)):
         array = array.reshape(draws.sample_shape + array.shape[2:])
-        dtype = graph.dtypes[len(values)]
-        values.append(array if array.dtype == dtype else array.astype(dtype))
+        values[i] = array if array.dtype == dtype else array.astype(dtype)
     return values
 
 

@@ -28,9 +28,7 @@ They differ from pymc's for the same seed (docs/predictive.md).
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import inspect
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,44 +37,20 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _postprocess
 from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
-from ._memory import resolve_device
-from ._options import check_options
-from ._pymc_model import (
-    Fallback,
-    compile_fallback,
-    expected_shapes,
-    fingerprint,
-    host_array,
-    pymc6,
-)
+from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
+from ._route import Options, cached_graph, evaluate, fall_back, split
 
 __all__ = ["sample_posterior_predictive"]
 
-_log = logging.getLogger("pymc_chunkpost")
 # pymc logs which variables it samples here ("Sampling: [y]"); so does this route.
 _pymc_log = logging.getLogger("pymc.sampling.forward")
 
-# Our keyword options; everything else is pymc's.
-_OPTIONS = (
-    "postprocessing_backend",
-    "postprocessing_vectorize",
-    "chunk_size",
-    "n_chunks",
-    "memory_budget",
-    "output_memory",
-    "matmul_precision",
-)
 # pymc's default compile arguments, which change nothing in a JAX program.
 _NEUTRAL_COMPILE_KWARGS = frozenset({"mode", "allow_input_downcast", "accept_inplace"})
 _CACHE_PER_MODEL = 8  # forward graphs kept per model (each holds its compiled executables)
 _GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
-#: True while `patch` routes pymc's own call here: fallbacks are then logged, not warned.
-ROUTED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "pymc_chunkpost_routed", default=False
-)
 
 
 def sample_posterior_predictive(
@@ -170,7 +144,7 @@ def _sample(arguments: dict[str, Any]) -> Any:
     """The route: check, resolve pymc's rules, build (cached), run, pack as pymc does."""
     import pymc
 
-    pymc_args, ours = _split(arguments)
+    pymc_args, options = _split(arguments)
     trace = arguments["trace"]
     fallback = _fallback_reason(pymc_args, trace)
     if fallback is not None:
@@ -196,7 +170,7 @@ def _sample(arguments: dict[str, Any]) -> Any:
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
     values: dict[str, np.ndarray] = {}
     if built is not None:
-        values = _evaluate(built, forward, read, pymc_args.get("random_seed"), ours)
+        values = _evaluate(built, forward, read, pymc_args.get("random_seed"), options)
     for name in forward.copied:
         values[name] = np.array(read.values(name))
     ppc = {name: values[name] for name in forward.names}
@@ -214,44 +188,23 @@ def _pymc_function() -> Callable:
     return getattr(function, "_pymc_chunkpost_original", function)
 
 
-def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """pymc's arguments (those the installed pymc takes) and ours, all checked.
+def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], Options]:
+    """pymc's arguments (those the installed pymc takes) and our checked options
+    (`_route.split`), and pymc's `sample_dims` checked.
 
     Raises:
         TypeError: an argument the installed pymc does not take, set to a non-default.
-        ValueError: a bad option of ours.
+        ValueError: a bad option of ours, or bad `sample_dims`.
     """
-    import pymc
-
-    ours_signature = inspect.signature(sample_posterior_predictive).parameters
-    pymc_signature = inspect.signature(_pymc_function()).parameters
-    pymc_args: dict[str, Any] = {}
-    for key, parameter in ours_signature.items():
-        if key == "trace" or key in _OPTIONS:
-            continue
-        value = arguments[key]
-        if key in pymc_signature:
-            if not (key == "progressbar_theme" and value is None):  # None: pymc's default
-                pymc_args[key] = value
-        elif value is not parameter.default:
-            raise TypeError(
-                f"sample_posterior_predictive() got an unexpected keyword argument {key!r}: "
-                f"the installed pymc {pymc.__version__} has no `{key}` there."
-            )
-    ours = {key: arguments[key] for key in _OPTIONS}
-    ours["progressbar"] = bool(arguments["progressbar"])
-    check_options(
-        ours["postprocessing_vectorize"],
-        ours["chunk_size"],
-        ours["n_chunks"],
-        ours["memory_budget"],
-        ours["output_memory"],
-        ours["matmul_precision"],
+    pymc_args, options = split(
+        "sample_posterior_predictive",
+        sample_posterior_predictive,
+        _pymc_function(),
+        arguments,
+        skip=("trace",),
     )
-    # None is the default device, which every JAX has: not looked up here, so that a call
-    # handed to pymc's own function starts no JAX backend (whose start logs at INFO).
-    if ours["postprocessing_backend"] is not None:
-        resolve_device(ours["postprocessing_backend"])
+    if pymc_args.get("progressbar_theme", False) is None:  # None: pymc's default
+        del pymc_args["progressbar_theme"]
     sample_dims = pymc_args.get("sample_dims")
     if sample_dims is not None and (
         isinstance(sample_dims, str) or not all(isinstance(d, str) for d in sample_dims)
@@ -260,7 +213,7 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             f"`sample_dims` must be a sequence of dimension names, got {sample_dims!r}. Pass, "
             'for example, `sample_dims=["chain", "draw"]`.'
         )
-    return pymc_args, ours
+    return pymc_args, options
 
 
 def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> Fallback | None:
@@ -280,16 +233,9 @@ def _fallback_reason(pymc_args: dict[str, Any], trace: Any) -> Fallback | None:
 
 
 def _fall_back(fallback: Fallback, trace: Any, pymc_args: dict[str, Any]) -> Any:
-    """pymc's own function, said at `fallback.level`: below WARNING on the `pymc_chunkpost`
-    logger; at WARNING a one-line `UserWarning` (a log warning when `patch` routed here)."""
-    message = f"`sample_posterior_predictive` runs pymc's own function ({fallback.reason})."
-    if fallback.level < logging.WARNING:
-        _log.log(fallback.level, message)
-    elif ROUTED.get():
-        _log.warning("pymc_chunkpost: %s", message)
-    else:
-        warnings.warn(f"pymc_chunkpost: {message}", UserWarning, stacklevel=4)
-    return _pymc_function()(trace, **pymc_args)
+    """pymc's own function (`_route.fall_back`)."""
+    name = "sample_posterior_predictive"
+    return fall_back(name, fallback, _pymc_function(), trace, **pymc_args)
 
 
 # --- the trace ----------------------------------------------------------------------------
@@ -651,52 +597,51 @@ def _build(model: Any, forward: _Forward, read: _Trace) -> _Built | str:
             own function raises too).
         IndexError: a constant index out of range of what it indexes (pymc 5 raises it).
     """
-    from pytensor import config
-
     impl = str(jax.config.values["jax_default_prng_impl"])  # JAX's default, as set by the user
     shapes = [_checked_shape(v, read) for v in forward.inputs]
     signature = tuple(
         (v.name, shape, v.type.dtype) for v, shape in zip(forward.inputs, shapes, strict=True)
     )
     outputs = tuple(v.name for v in forward.outputs)
-    key = ("predictive", outputs, signature, impl, fingerprint(model))
-    cached = _GRAPHS.get(model, key)
-    if cached is not None:
-        return cached
-    try:
-        # pytensor records a Python stack trace on every node it builds, for errors in the
-        # user's own graph; these graphs are ours, built from a model that already compiled.
-        with config.change_flags(traceback__limit=0):
+
+    def build() -> _Built | str:
+        try:
             graph = random_function(forward.inputs, forward.outputs, shapes)
-        if isinstance(graph, str):
-            return graph
-        names = [v.name for v in forward.inputs]
-        built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
-        key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
-        specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
-        jax.eval_shape(built.fn, key_spec, *specs)
-    except jax.errors.ConcretizationTypeError as error:
-        return f"a random variable's size is not static: {str(error).splitlines()[0]}"
-    except NotImplementedError as error:  # e.g. a pytensor Op that JAX has no dispatch for
-        return f"no JAX implementation: {str(error).splitlines()[0]}"
-    except (ValueError, TypeError) as error:
-        # Shapes that do not broadcast: pytensor raises ValueError as it rebuilds the graph at
-        # the trace's shapes, JAX a TypeError as it traces it. pymc raises ValueError.
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if isinstance(error, TypeError) and "incompatible shapes" not in first:
-            raise
-        if resized := _resized(model, forward.inputs, shapes):
-            raise ValueError(
-                f"The trace's {'; '.join(resized)} (a dim resized since sampling), and the "
-                f"model's graph does not compute with that: {first} Pass `sample_vars` "
-                "(pymc 6) to draw it anew at the model's length, or the model the draws "
-                "came from."
-            ) from error
-        if isinstance(error, TypeError):
-            raise ValueError(f"The model's shapes do not broadcast: {first}") from error
-        raise
-    _GRAPHS.put(model, key, built)
-    return built
+            if isinstance(graph, str):
+                return graph
+            names = [v.name for v in forward.inputs]
+            built = _Built(_per_draw(graph, impl), names, list(outputs), impl, graph.n_generators)
+            key_spec = jax.ShapeDtypeStruct((2,), np.uint32)
+            specs = [jax.ShapeDtypeStruct(s, v.type.dtype) for v, s in zip(forward.inputs, shapes)]
+            jax.eval_shape(built.fn, key_spec, *specs)
+        except jax.errors.ConcretizationTypeError as error:
+            return f"a random variable's size is not static: {str(error).splitlines()[0]}"
+        except NotImplementedError as error:  # e.g. a pytensor Op that JAX has no dispatch for
+            return f"no JAX implementation: {str(error).splitlines()[0]}"
+        except (ValueError, TypeError) as error:
+            _raise_shape_error(model, forward, shapes, error)
+        return built
+
+    return cached_graph(_GRAPHS, model, ("predictive", outputs, signature, impl), build)
+
+
+def _raise_shape_error(model: Any, forward: _Forward, shapes: list, error: Exception) -> None:
+    """pymc's `ValueError` for shapes that do not broadcast: pytensor raises ValueError as it
+    rebuilds the graph at the trace's shapes, JAX a TypeError as it traces it. Any other
+    error is raised as it is."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, TypeError) and "incompatible shapes" not in first:
+        raise error
+    if resized := _resized(model, forward.inputs, shapes):
+        raise ValueError(
+            f"The trace's {'; '.join(resized)} (a dim resized since sampling), and the "
+            f"model's graph does not compute with that: {first} Pass `sample_vars` "
+            "(pymc 6) to draw it anew at the model's length, or the model the draws "
+            "came from."
+        ) from error
+    if isinstance(error, TypeError):
+        raise ValueError(f"The model's shapes do not broadcast: {first}") from error
+    raise error
 
 
 def _per_draw(graph: RandomFunction, impl: str) -> Callable:
@@ -787,35 +732,23 @@ def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> n
 
 
 def _evaluate(
-    built: _Built, forward: _Forward, read: _Trace, random_seed: Any, ours: dict[str, Any]
+    built: _Built, forward: _Forward, read: _Trace, random_seed: Any, options: Options
 ) -> dict[str, np.ndarray]:
     """Every output at every draw, as writable numpy arrays of pymc's shapes."""
     n_draws = int(np.prod(read.sample_shape, dtype=np.int64))
     lead = read.sample_shape if len(read.sample_shape) == 2 else (1, n_draws)
     arrays = []
     for name, var in zip(built.input_names, forward.inputs, strict=True):
-        values = read.values(name)
-        values = values.astype(var.type.dtype, copy=False)  # pymc's allow_input_downcast
-        arrays.append(values.reshape(lead + values.shape[len(read.sample_shape) :]))
+        draws = read.values(name)
+        draws = draws.astype(var.type.dtype, copy=False)  # pymc's allow_input_downcast
+        arrays.append(draws.reshape(lead + draws.shape[len(read.sample_shape) :]))
     keys = _seed_and_index(random_seed, lead, built)
-    ours = dict(ours)
-    backend = ours.pop("postprocessing_backend")
-    strategy = ours.pop("postprocessing_vectorize")
-    outputs, _ = _postprocess.run(
-        built.fn,
-        [keys, *arrays],
-        backend,
-        strategy,
-        False,
-        progress_label=f"Sampling {', '.join(built.output_names)}",
-        random=True,
-        **ours,
-    )
-    values_by_name: dict[str, np.ndarray] = {}
-    for name in built.output_names:
-        array = host_array(outputs.pop(0), arrays)
-        values_by_name[name] = array.reshape(read.sample_shape + array.shape[2:])
-    return values_by_name
+    label = f"Sampling {', '.join(built.output_names)}"
+    values = evaluate(built.fn, [keys, *arrays], options, label, random=True, host_inputs=arrays)
+    return {
+        name: array.reshape(read.sample_shape + array.shape[2:])
+        for name, array in zip(built.output_names, values)
+    }
 
 
 # --- the result, as pymc packs it ---------------------------------------------------------
