@@ -515,3 +515,30 @@ def test_cache_lets_the_model_go():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_a_fallback_warns_a_direct_call_and_logs_a_routed_one(
+    model_and_posterior, monkeypatch, caplog
+):
+    """The seam's fallback (`_route.fall_back`) says the same on every route: a one-line
+    `UserWarning` at a direct call, a log warning where `patch` routed pymc's own call (pymc's
+    own tests turn warnings into errors); the answer is pymc's either way."""
+    model, post = model_and_posterior("eight_schools")
+
+    def no_jax(*args):
+        raise NotImplementedError("no JAX dispatch for this Op")
+
+    monkeypatch.setattr(_posthoc, "_jaxify", no_jax)
+    pymc_chunkpost.clear_caches()
+    kwargs = dict(model=model, extend_inferencedata=False, progressbar=False)
+    theirs = PYMC["compute_log_likelihood"](idata_of(post), **kwargs)
+    with pytest.warns(UserWarning, match="runs pymc's own function .no JAX implementation"):
+        ours = OURS["compute_log_likelihood"](idata_of(post), **kwargs)
+    assert_same_dataset(ours, theirs)
+    caplog.set_level(logging.WARNING, logger="pymc_chunkpost")
+    with pymc_chunkpost.patched(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        routed = pm.compute_log_likelihood(idata_of(post), **kwargs)
+    assert_same_dataset(routed, theirs)
+    (record,) = [r for r in caplog.records if r.name == "pymc_chunkpost"]
+    assert record.levelno == logging.WARNING and "no JAX implementation" in record.getMessage()
