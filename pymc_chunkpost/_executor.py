@@ -256,9 +256,19 @@ def placed(jax_fn: Callable, problem: Problem, sharding: Any) -> tuple[Any, ...]
     key = (problem.fingerprint, repr(sharding))
     found = _PLACED.get(jax_fn, key)
     if found is None:
-        found = tuple(jax.device_put(c, sharding, may_alias=True) for c in consts)
+        found = tuple(_place_whole(c, sharding) for c in consts)
         _PLACED.put(jax_fn, key, found)
     return found
+
+
+def _place_whole(value: Any, sharding: Any) -> jax.Array:
+    """`value` whole on every device of `sharding`: this process's devices only (under
+    `jax.distributed`, `device_put` of one host array would first check, by a collective,
+    that every process passed the same value)."""
+    if len(sharding.device_set) == 1:
+        return jax.device_put(value, sharding, may_alias=True)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def _compile_to_host(program: Program) -> Executable:

@@ -29,7 +29,7 @@ import numpy as np
 from ._cache import FunctionCache
 from ._graph import jaxify
 from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
-from ._route import Options, cached_graph, evaluate, fall_back, split
+from ._route import Options, as_draws, cached_graph, evaluate, fall_back, split
 
 __all__ = ["compute_log_likelihood", "compute_log_prior", "compute_deterministics"]
 
@@ -462,9 +462,7 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
                 "came from (with the same data and coords)."
             )
         sample_shape = shape if sample_shape is None else sample_shape
-        lead = shape if n == 2 else (1, int(np.prod(shape, dtype=np.int64)))
-        values = values.astype(rv.type.dtype, copy=False).reshape(lead + event)
-        arrays[rv.name] = values
+        arrays[rv.name] = as_draws(values.astype(rv.type.dtype, copy=False), n)
     if not free or sample_shape is None or 0 in sample_shape:
         return None
     stacked = {d: dataset[names[0]][d] for d in sample_dims}  # as pymc takes them

@@ -40,7 +40,7 @@ import numpy as np
 from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
 from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
-from ._route import Options, cached_graph, evaluate, fall_back, split
+from ._route import Options, as_draws, cached_graph, evaluate, fall_back, split
 
 __all__ = ["sample_posterior_predictive"]
 
@@ -735,13 +735,13 @@ def _evaluate(
     built: _Built, forward: _Forward, read: _Trace, random_seed: Any, options: Options
 ) -> dict[str, np.ndarray]:
     """Every output at every draw, as writable numpy arrays of pymc's shapes."""
-    n_draws = int(np.prod(read.sample_shape, dtype=np.int64))
-    lead = read.sample_shape if len(read.sample_shape) == 2 else (1, n_draws)
+    n_sample_dims = len(read.sample_shape)
     arrays = []
     for name, var in zip(built.input_names, forward.inputs, strict=True):
-        draws = read.values(name)
-        draws = draws.astype(var.type.dtype, copy=False)  # pymc's allow_input_downcast
-        arrays.append(draws.reshape(lead + draws.shape[len(read.sample_shape) :]))
+        draws = read.values(name).astype(var.type.dtype, copy=False)  # allow_input_downcast
+        arrays.append(as_draws(draws, n_sample_dims))
+    n_draws = int(np.prod(read.sample_shape, dtype=np.int64))
+    lead = read.sample_shape if len(read.sample_shape) == 2 else (1, n_draws)
     keys = _seed_and_index(random_seed, lead, built)
     label = f"Sampling {', '.join(built.output_names)}"
     values = evaluate(built.fn, [keys, *arrays], options, label, random=True, host_inputs=arrays)

@@ -9,8 +9,8 @@ which graph, how the result is packed):
 - `fall_back`: pymc's own function where the route cannot give pymc's answer, said the same
   way on every route (`ROUTED`: a call that `patch` routed here logs, never warns);
 - `cached_graph`: a route's per-draw function, built once per model, its data and the key;
-- `evaluate`: the engine (`_postprocess.run`) over the draws, outputs as writable numpy
-  arrays, as pymc's are.
+- `as_draws` and `evaluate`: pymc's draws as the engine's `(a, b, ...)` arrays, and the
+  engine (`_postprocess.run`) over them, outputs as writable numpy arrays, as pymc's are.
 """
 
 from __future__ import annotations
@@ -31,7 +31,16 @@ from ._memory import resolve_device
 from ._options import check_options
 from ._pymc_model import Fallback, fingerprint, host_array
 
-__all__ = ["OPTIONS", "ROUTED", "Options", "cached_graph", "evaluate", "fall_back", "split"]
+__all__ = [
+    "OPTIONS",
+    "ROUTED",
+    "Options",
+    "as_draws",
+    "cached_graph",
+    "evaluate",
+    "fall_back",
+    "split",
+]
 
 _log = logging.getLogger("pymc_chunkpost")
 
@@ -189,6 +198,15 @@ def cached_graph(cache: FunctionCache, model: Any, key: tuple, build: Callable[[
     if not isinstance(built, str):
         cache.put(model, key, built)
     return built
+
+
+def as_draws(values: np.ndarray, n_sample_dims: int) -> np.ndarray:
+    """`values`, whose `n_sample_dims` leading axes are pymc's sample dims, as the engine's
+    `(a, b, ...)` draws: two sample dims as they are; one, or three or more, as `(1, n)`;
+    none (pymc 6's single point) as `(1, 1)`. Outputs are reshaped back to the sample shape."""
+    shape = values.shape[:n_sample_dims]
+    lead = shape if n_sample_dims == 2 else (1, int(np.prod(shape, dtype=np.int64)))
+    return values.reshape(lead + values.shape[n_sample_dims:])
 
 
 def evaluate(
