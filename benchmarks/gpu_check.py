@@ -23,7 +23,7 @@ reports what it finished):
   `_postprocess_samples` (largest relative difference; 0 means identical).
 - `sample`: `pm.sample(nuts_sampler="numpyro" | "blackjax")` patched, post-processing on the
   GPU and on the CPU, against unpatched pymc with the same seed.
-- `bench`: `benchmarks/bench_postprocess.py` on big_det with the anchors (peak from the
+- `bench`: `benchmarks/probes/bench_postprocess.py` on big_det with the anchors (peak from the
   device's `peak_bytes_in_use`).
 - `store`: the executables `auto` keeps on disk (`_executable_store`). Two fresh processes
   share one cache folder; each runs `auto` on three fixtures, on the GPU and with
