@@ -83,7 +83,7 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
     import pymc.sampling.jax as pmjax
 
     import pymc_chunkpost
-    from pymc_chunkpost import _postprocess
+    from pymc_chunkpost.profiling.internals import on_plan
     from pymc_chunkpost.profiling.proc import PeakRss, status_bytes
 
     if case != "pymc":
@@ -98,14 +98,7 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
         return out
 
     pmjax._postprocess_samples = timed
-    run = _postprocess.run
-
-    def recorded(*args, **kwargs):
-        outputs, plan = run(*args, **kwargs)
-        reasons.append(plan.reason)
-        return outputs, plan
-
-    _postprocess.run = recorded
+    on_plan(lambda plan: reasons.append(plan.reason))
     import jax
 
     model = build(name)

@@ -1,4 +1,5 @@
-"""benchmarks/probes/chunk_sweep.py --cold: every run a fresh process, the table from their medians."""
+"""benchmarks/probes/chunk_sweep.py --cold: every run a fresh process, the table from their
+medians."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`benchmarks/probes/leak_loop.py` runs anyone's small version: both loops, the table, the ratio check."""
+"""`benchmarks/probes/leak_loop.py` runs anyone's small version: both loops, the table, the
+ratio check."""
 
 from __future__ import annotations
 

@@ -164,7 +164,8 @@ def test_bad_arguments_are_refused(tmp_path):
 def test_a_test_path_pytest_cannot_collect_is_a_problem_not_a_clean_run(tmp_path):
     (tmp_path / "test_plain.py").write_text("def test_one():\n    pass\n")
     argv = ["--checkout", tmp_path, "--library", "numpyro", "--json", tmp_path / "r.json"]
-    proc = run_script("benchmarks/probes/peer_suites.py", *argv, "test_plain.py::test_none", timeout=600)
+    script = "benchmarks/probes/peer_suites.py"
+    proc = run_script(script, *argv, "test_plain.py::test_none", timeout=600)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads((tmp_path / "r.json").read_text())
     assert [p.split(":")[0] for p in record["problems"]] == [
