@@ -42,8 +42,8 @@ def child(case: str, n_obs: int, chains: int, draws: int, chunk_size: int) -> di
     import numpy as np
 
     from pymc_chunkpost import chunked_vmap
-    from pymc_chunkpost._host_output import Transfer, compile_host_chunks, stream_to_host
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
+    from pymc_chunkpost.profiling.internals import Transfer, compile_host_chunks, stream_to_host
     from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     model = big_det(n_obs=n_obs)
@@ -180,7 +180,7 @@ def compile_pinned_output(fn, specs, chunk_size):
     import numpy as np
     from jax.sharding import make_single_device_sharding
 
-    from pymc_chunkpost._host_output import host_chunk_function
+    from pymc_chunkpost.profiling.internals import host_chunk_function
 
     sharding = make_single_device_sharding(jax.devices()[0])
     chains, draws = specs[0].shape[:2]

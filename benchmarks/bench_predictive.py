@@ -54,7 +54,7 @@ CASES = ("hier_2k", "hier_20k", "ar_500")
 METHODS = ("ours", "pymc_jax", "pymc_default")
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 UNROLLED = "threefry2x32_unrolled"  # `_compat.unrolled_threefry`: threefry's bits, hashed unrolled
-ROUTE = "route"  # the route's own float64 normals (`_samplers._standard_normal`, AS 241)
+ROUTE = "route"  # the route's own float64 normals (`internals.route_standard_normal`, AS 241)
 ROUTE_XLA_WIDTH = "route_xla_width"  # the same, compiled at XLA's default vector width
 NUMBA = "numba"  # numba's `Generator.standard_normal` (ziggurat), as pymc 6's default draws
 CHAINS, DRAWS = 4, 1000
@@ -141,26 +141,15 @@ def child(case: str, method: str, measure: str) -> dict:
 def _record_phases(result: dict) -> None:
     """Where the cold call's time goes: graph (pytensor, rewrites, trace check), planning and
     XLA compiling (the engine's plan), recorded on the first call only."""
-    from pymc_chunkpost import _postprocess, _predictive
+    from pymc_chunkpost.profiling.internals import on_plan, time_step
 
-    build, run = _predictive._build, _postprocess.run
-
-    def timed_build(*args, **kwargs):
-        tic = time.perf_counter()
-        try:
-            return build(*args, **kwargs)
-        finally:
-            result.setdefault("graph_s", time.perf_counter() - tic)
-
-    def recorded_run(*args, **kwargs):
-        outputs, plan = run(*args, **kwargs)
+    def recorded(plan):
         result.setdefault("compile_s", plan.compile_seconds)
         result.setdefault("planning_s", plan.planning_seconds)
         result.setdefault("plan", f"{plan.strategy}:{plan.chunk_size}")
-        return outputs, plan
 
-    _predictive._build = timed_build
-    _postprocess.run = recorded_run
+    time_step("predictive.graph", lambda seconds: result.setdefault("graph_s", seconds))
+    on_plan(recorded)
 
 
 def anchor_child(case: str) -> dict:
@@ -210,11 +199,13 @@ def rng_child(impl: str) -> dict:
     jax.config.update("jax_enable_x64", True)
     draw, options = jax.random.normal, {}
     if impl in (ROUTE, ROUTE_XLA_WIDTH):
-        from pymc_chunkpost import _samplers
-        from pymc_chunkpost._compat import PREFER_VECTOR_WIDTH
-        from pymc_chunkpost._config import current
+        from pymc_chunkpost.profiling.internals import (
+            PREFER_VECTOR_WIDTH,
+            current,
+            route_standard_normal,
+        )
 
-        draw = _samplers._standard_normal
+        draw = route_standard_normal
         if impl == ROUTE:
             options = {PREFER_VECTOR_WIDTH: current().random_vector_width}
     if impl in (
@@ -222,7 +213,7 @@ def rng_child(impl: str) -> dict:
         ROUTE,
         ROUTE_XLA_WIDTH,
     ):  # threefry's bits, the hash unrolled (the route's samplers')
-        from pymc_chunkpost._compat import unrolled_threefry
+        from pymc_chunkpost.profiling.internals import unrolled_threefry
 
         key = jax.random.wrap_key_data(
             jax.random.key_data(jax.random.key(0)), impl=unrolled_threefry()

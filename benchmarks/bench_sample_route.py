@@ -32,6 +32,7 @@ import time
 import warnings
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 CASES = ("pymc", "cold", "warm")
 MODELS = ("untransformed", "regression")
 #: Accelerator cases (issues 49 and 50): a 500-row regression with 8 coefficients and one
@@ -83,7 +84,7 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
     import pymc.sampling.jax as pmjax
 
     import pymc_chunkpost
-    from pymc_chunkpost import _postprocess
+    from pymc_chunkpost.profiling.internals import on_plan
     from pymc_chunkpost.profiling.proc import PeakRss, status_bytes
 
     if case != "pymc":
@@ -98,14 +99,7 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
         return out
 
     pmjax._postprocess_samples = timed
-    run = _postprocess.run
-
-    def recorded(*args, **kwargs):
-        outputs, plan = run(*args, **kwargs)
-        reasons.append(plan.reason)
-        return outputs, plan
-
-    _postprocess.run = recorded
+    on_plan(lambda plan: reasons.append(plan.reason))
     import jax
 
     model = build(name)
@@ -154,6 +148,8 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
 
 def run_case(case: str, name: str, draws: int, tune: int, cache: Path) -> dict:
     env = {**os.environ, "PYMC_CHUNKPOST_CACHE_DIR": str(cache)}
+    # The package of this checkout, as the other benchmarks' cells run it.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("XLA_FLAGS", None)  # pymc's own: 100 CPU devices
     command = [sys.executable, __file__, "--child", case, name, str(draws), str(tune)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)

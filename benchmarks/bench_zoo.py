@@ -10,9 +10,10 @@ Each run is one case on one model in a fresh Python process. The cases run round
 run of every case, then the next repeat), so that a drift in machine speed hits them alike.
 
 Cases:
-- `auto_cold`: `pymc_chunkpost._postprocess.run(..., "auto")` in a process whose tuning cache
-  (`PYMC_CHUNKPOST_CACHE_DIR`) is a new empty directory and without JAX's persistent
-  compilation cache (`JAX_COMPILATION_CACHE_DIR` unset): nothing is left from an earlier run.
+- `auto_cold`: `pymc_chunkpost.postprocess_samples_with_plan(..., "auto")` in a process
+  whose tuning cache (`PYMC_CHUNKPOST_CACHE_DIR`) is a new empty directory and without JAX's
+  persistent compilation cache (`JAX_COMPILATION_CACHE_DIR` unset): nothing is left from an
+  earlier run.
 - `auto_warm`: the same, in a new process that reuses the directory the same repeat's cold
   run left.
 - `pymc_vmap`, `pymc_scan`: `pymc.sampling.jax._postprocess_samples` (pymc's "scan" is not
@@ -274,9 +275,9 @@ def child(model: str, case: str, chains: int, draws: int, devices: int, ref_dir:
     reset_peak()
     tic = time.perf_counter()
     if name in AUTO_CASES:
-        from pymc_chunkpost import _postprocess
+        from pymc_chunkpost import postprocess_samples_with_plan
 
-        outputs, plan = _postprocess.run(fn, raw, None, "auto", True)
+        outputs, plan = postprocess_samples_with_plan(fn, raw, None, "auto", True)
     elif name in ("pymc_vmap", "reference"):
         from pymc.sampling.jax import _postprocess_samples
 

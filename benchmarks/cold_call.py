@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import functools, json, os, sys, tempfile, time, warnings
+import json, os, sys, tempfile, time, warnings
 warnings.filterwarnings("ignore")
 os.environ["PYMC_CHUNKPOST_CACHE_DIR"] = tempfile.mkdtemp()
 model, case, draws = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -30,7 +30,8 @@ jax.config.update("jax_enable_x64", True)
 from jax._src import compiler
 from jax._src.interpreters import mlir
 from pymc.sampling.jax import _postprocess_samples
-from pymc_chunkpost import _disk, _executable_store, _postprocess, _problem, _resources, _tuning
+from pymc_chunkpost import postprocess_samples_with_plan
+from pymc_chunkpost.profiling import internals
 from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn
 spec = FIXTURES[model]
 built = spec.build()
@@ -39,34 +40,21 @@ raw = [jax.device_put(x) for x in spec.raw_draws(built, 4, draws, seed=0)]
 # A session that has just sampled has lowered and compiled before (as in bench_zoo.py).
 jax.block_until_ready(jax.jit(lambda x: x + 1).lower(raw[-1]).compile()(raw[-1]))
 seconds = {}
-def timed(owner, name, label):
-    inner = getattr(owner, name)
-    @functools.wraps(inner)
-    def outer(*args, **kwargs):
-        tic = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - tic
-    setattr(owner, name, outer)
-timed(compiler, "backend_compile_and_load", "xla_compile")
-timed(mlir, "lower_jaxpr_to_module", "mlir_lower")
-timed(_problem, "_trace", "analysis_trace")
-timed(_postprocess, "_validate", "validate")
-timed(_resources, "resolve_budget", "budget")
-timed(_postprocess, "execute", "execute")
-for name in ("slot_for", "load", "start_worker", "save_later"):
-    timed(_executable_store, name, "store." + name)
-for name in ("tuning_key", "load", "store"):
-    timed(_tuning, name, "tuning." + name)
+def adder(label):
+    return lambda s: seconds.__setitem__(label, seconds.get(label, 0.0) + s)
+internals.timed(compiler, "backend_compile_and_load", adder("xla_compile"))
+internals.timed(mlir, "lower_jaxpr_to_module", adder("mlir_lower"))
+for label in internals.STEPS:
+    if label != "predictive.graph":
+        internals.time_step(label, adder(label))
 tic = time.perf_counter()
 if case == "auto":
-    outputs, _ = _postprocess.run(fn, raw, None, "auto", True)
+    outputs, _ = postprocess_samples_with_plan(fn, raw, None, "auto", True)
 else:
     outputs = _postprocess_samples(fn, raw, None, "vmap", True)
 jax.block_until_ready(outputs)
 total = time.perf_counter() - tic
-_disk.wait()
+internals.wait_for_disk()
 seconds.update(total=total, nonxla=total - seconds.get("xla_compile", 0.0))
 print(json.dumps(seconds))
 """

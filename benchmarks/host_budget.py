@@ -270,7 +270,7 @@ def main() -> None:
         if args.child == "bound":
             print(json.dumps(_bound(args)))
             return
-        from pymc_chunkpost._config import configured
+        from pymc_chunkpost import configured
 
         changes = {k: int(v) for k, v in (c.split("=") for c in args.config.split(",") if c)}
         with configured(**changes):

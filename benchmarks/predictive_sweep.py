@@ -85,7 +85,7 @@ def _cell(case: str, plan: str) -> dict:
         return build_unseen(case) if case in UNSEEN else build_seen(case)
 
     import pymc_chunkpost as pc
-    from pymc_chunkpost import _postprocess
+    from pymc_chunkpost.profiling.internals import on_plan
 
     model, posterior = build(case)
     jax.jit(lambda x: x + 1)(1.0).block_until_ready()
@@ -95,14 +95,9 @@ def _cell(case: str, plan: str) -> dict:
     elif plan != "auto":
         options = {"postprocessing_vectorize": "chunked", "chunk_size": int(plan)}
     plans = []
-    run = _postprocess.run
-
-    def recorded(*args, **kwargs):
-        outputs, made = run(*args, **kwargs)
-        plans.append(f"{made.strategy} {made.loop} {made.chunk_size} ({made.source})")
-        return outputs, made
-
-    _postprocess.run = recorded
+    on_plan(
+        lambda made: plans.append(f"{made.strategy} {made.loop} {made.chunk_size} ({made.source})")
+    )
     times = []
     for _ in range(3):
         tic = time.perf_counter()

@@ -52,7 +52,7 @@ class PlannerConfig:
         overhead_bytes_per_buffer: a loop's cost per chunk, per buffer it slices or
             updates, in bytes of work that take as long: a chunk does at least that much
             work per buffer (lkj's XLA loop measured 10-71 KiB, its host loop 1-20 KiB, over
-            three quiet runs of `benchmarks/heuristics_evidence.py overhead`: the order of
+            three quiet runs of `benchmarks/probes/heuristics_evidence.py overhead`: the order of
             magnitude, not the value).
         jump_factor: a compiled chunk whose temporaries exceed this many times the expected
             (plus `jump_slack_bytes`) is a "jump": XLA changed its layout or fusion at that
@@ -61,7 +61,7 @@ class PlannerConfig:
             still no jump: a jaxpr bound that counts short by a constant factor is not a
             layout change (demo_basis_grid compiles to 8.5x its bound at every size, 4.4 MiB
             over 4x at the rule's 16 draws: without the slack it would run one draw per
-            chunk; `benchmarks/heuristics_evidence.py jump`).
+            chunk; `benchmarks/probes/heuristics_evidence.py jump`).
         refine_ratio: on a CPU the size is computed again from the first chunk's compiled
             temporaries, and compiled again only if that moves it this many times or more:
             within it, a second compile costs more than the better size saves.
@@ -182,7 +182,7 @@ class PlannerConfig:
         store_max_bytes: the most bytes the executable store's folder holds; past it the
             least recently used files go until it holds three quarters (the zoo's 16 models
             store 7.5 MiB, so it holds some 34 zoos' worth;
-            `benchmarks/heuristics_evidence.py store`).
+            `benchmarks/probes/heuristics_evidence.py store`).
 
     Tracing:
         eqns_per_run: the draws' tail mapped by `jax.vmap` costs about as much tracing as

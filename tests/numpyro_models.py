@@ -1,7 +1,7 @@
 """Real numpyro models, with data, for the numpyro route's tests and its parity script.
 
 Imports numpy, jax and numpyro only (not pymc, which turns on float64 in jax), so that
-`benchmarks/numpyro_parity.py` sees the float32 that numpyro users see.
+`benchmarks/probes/numpyro_parity.py` sees the float32 that numpyro users see.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""benchmarks/chunk_sweep.py --cold: every run a fresh process, the table from their medians."""
+"""benchmarks/probes/chunk_sweep.py --cold: every run a fresh process, the table from their
+medians."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.slow  # a benchmark script
 def test_cold_sweep_times_each_size_in_its_own_process(tmp_path):
     out = tmp_path / "sweep.json"
     args = ["--cold", "--repeats", "1", "--case", "eight_schools:{}:1,5", "--json", out]
-    done = run_script("benchmarks/chunk_sweep.py", *args)
+    done = run_script("benchmarks/probes/chunk_sweep.py", *args)
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads(out.read_text())
     assert row["model"] == "eight_schools" and row["cold"] is True

@@ -1,4 +1,5 @@
-"""`benchmarks/leak_loop.py` runs anyone's small version: both loops, the table, the ratio check."""
+"""`benchmarks/probes/leak_loop.py` runs anyone's small version: both loops, the table, the
+ratio check."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.slow  # a benchmark script
 
 def test_small_leak_loop_prints_both_columns_and_checks_the_ratio():
     argv = ["--models", "2", "--rows", "500", "--cols", "20", "--draws", "10"]
-    proc = run_script("benchmarks/leak_loop.py", *argv, "--max-ratio", "0.5", timeout=300)
+    proc = run_script("benchmarks/probes/leak_loop.py", *argv, "--max-ratio", "0.5", timeout=300)
     # No library runs in half of pymc's RSS (both load jax and pymc): the check must fire.
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "above --max-ratio 0.5" in proc.stderr

@@ -1,4 +1,4 @@
-"""benchmarks/library_fusions.py: the compiler option it measures removes every library
+"""benchmarks/probes/library_fusions.py: the compiler option it measures removes every library
 fusion, and its table reports what each setting compiled."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # a benchmark script
 def test_library_fusions_bench(tmp_path):
     out = tmp_path / "fusions.json"
     args = ["--case", "radon_slopes:5", "--repeats", "1", "--draws", "10", "--json", out]
-    done = run_script("benchmarks/library_fusions.py", *args)
+    done = run_script("benchmarks/probes/library_fusions.py", *args)
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads(out.read_text())
     settings = row["settings"]

@@ -89,7 +89,7 @@ LAYERS = [
     ("face", {"__init__", "cli", "profiling", "numpyro"}),
     ("routes", {"_patch", "_posthoc", "_predictive", "_numpyro", "_numpyro_patch"}),
     ("graph", {"_graph", "_samplers", "_pymc_model"}),
-    ("entry", {"_postprocess", "_options"}),
+    ("entry", {"_entry", "_postprocess", "_options"}),
     ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
     ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),
     ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval"}),

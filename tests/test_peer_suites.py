@@ -1,4 +1,4 @@
-"""`benchmarks/peer_suites.py`: its reading of pytest's reports, and (slow) a fake peer suite
+"""`benchmarks/probes/peer_suites.py`: its reading of pytest's reports, and (slow) a fake peer suite
 run both ways, in which exactly one test fails only patched."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import run_script
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "probes"))
 import peer_suites  # noqa: E402
 
 # Each library's routed name, and the file its own definition lives in: the fake suite tells
@@ -59,7 +59,7 @@ def test_a_fake_suite_reports_exactly_its_patched_only_failure(tmp_path, library
     (tmp_path / "test_fake.py").write_text(fake_suite(library))
     record_path = tmp_path / "record.json"
     argv = ["--checkout", tmp_path, "--json", record_path, "--timeout", 300, "test_fake.py"]
-    proc = run_script("benchmarks/peer_suites.py", *argv, timeout=600)
+    proc = run_script("benchmarks/probes/peer_suites.py", *argv, timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads(record_path.read_text())
     assert record["library"] == library  # inferred from the import
@@ -164,7 +164,8 @@ def test_bad_arguments_are_refused(tmp_path):
 def test_a_test_path_pytest_cannot_collect_is_a_problem_not_a_clean_run(tmp_path):
     (tmp_path / "test_plain.py").write_text("def test_one():\n    pass\n")
     argv = ["--checkout", tmp_path, "--library", "numpyro", "--json", tmp_path / "r.json"]
-    proc = run_script("benchmarks/peer_suites.py", *argv, "test_plain.py::test_none", timeout=600)
+    script = "benchmarks/probes/peer_suites.py"
+    proc = run_script(script, *argv, "test_plain.py::test_none", timeout=600)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads((tmp_path / "r.json").read_text())
     assert [p.split(":")[0] for p in record["problems"]] == [

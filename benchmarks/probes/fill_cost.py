@@ -1,7 +1,7 @@
 """What zero outputs cost on a CPU: placed from the host, or filled by a compiled program.
 
-    python benchmarks/fill_cost.py                      # 1, 8, 32, 128, 640 MiB, 3 repeats
-    python benchmarks/fill_cost.py --mib 48,640 --repeats 5
+    python benchmarks/probes/fill_cost.py                      # 1, 8, 32, 128, 640 MiB, 3 repeats
+    python benchmarks/probes/fill_cost.py --mib 48,640 --repeats 5
 
 A host-driven run (segments, the tuner) updates zero outputs in place. `_program` places
 small ones from the host (`_host_zeros`: nothing compiles) and fills large ones with a

@@ -1,8 +1,8 @@
 """Does post-processing keep old models alive? Process RSS over a loop of fresh models.
 
-    python benchmarks/leak_loop.py                         # 12 models, 20000 x 200 data each
-    python benchmarks/leak_loop.py --models 3 --rows 2000  # a quick look
-    python benchmarks/leak_loop.py --max-ratio 1.2         # exit 1 above 1.2x pymc's RSS
+    python benchmarks/probes/leak_loop.py                         # 12 models, 20000 x 200 data each
+    python benchmarks/probes/leak_loop.py --models 3 --rows 2000  # a quick look
+    python benchmarks/probes/leak_loop.py --max-ratio 1.2         # exit 1 above 1.2x pymc's RSS
 
 Each model is a regression over its own `rows` x `cols` data matrix `X`: `y ~ Normal(X @ beta,
 sigma)`, with the fit's R^2 as a deterministic, so that `X` enters the post-processing function
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WHICH = ("ours", "pymc")
 
 

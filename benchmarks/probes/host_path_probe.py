@@ -1,6 +1,6 @@
 """Where the time of outputs landing in host memory goes, on an accelerator, in one process.
 
-    python benchmarks/host_path_probe.py --gib 4 --out OUT_DIR [--sections ...]
+    python benchmarks/probes/host_path_probe.py --gib 4 --out OUT_DIR [--sections ...]
 
 The cases of `host_budget.py` are whole calls in fresh processes; this probe takes the host
 path apart, on the `matvec` case's chunk step (one wide output, `X @ beta`, as issue 49's
@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 GiB, MiB = 2**30, 2**20

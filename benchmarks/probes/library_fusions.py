@@ -8,8 +8,8 @@ process; each executable then runs `--repeats` times on the same draws (a run's 
 pays for first touching its memory; each call allocates fresh outputs). The table gives the
 compiled temporaries and every run's seconds (docs/strategies.md, "Library fusions").
 
-    python benchmarks/library_fusions.py
-    python benchmarks/library_fusions.py --case radon_slopes:5 --repeats 5
+    python benchmarks/probes/library_fusions.py
+    python benchmarks/probes/library_fusions.py --case radon_slopes:5 --repeats 5
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Post-processing side by side: `auto` against pymc's "vmap"/"scan", `jax.lax.map` and
 numpyro's `soft_vmap`, each case in a fresh process.
 
-    python benchmarks/bench_postprocess.py --fixtures big_det,many_scalars --out bench.md
+    python benchmarks/probes/bench_postprocess.py --fixtures big_det,many_scalars --out bench.md
 
 Every case runs in its own Python process: the model is built, the raw draws are put on
 the device and a trivial function is compiled first (not timed: a session that has just
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BATCHES = (8, 64, 512)
 
 

@@ -13,7 +13,7 @@ warm-up call), so that the cases do not share caches or allocator state. The sec
 measures the reverse pass against the number of chunks at fixed `n`, the check that the
 backward accumulation into loop-invariant inputs is not O(n) per chunk.
 
-Run: `python benchmarks/bench_chunked_vmap.py` (prints markdown tables).
+Run: `python benchmarks/probes/bench_chunked_vmap.py` (prints markdown tables).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """pymc's or numpyro's own tests, run unpatched and patched: which fail only when patched.
 
-    python benchmarks/peer_suites.py --checkout DIR [--library pymc|numpyro|both]
+    python benchmarks/probes/peer_suites.py --checkout DIR [--library pymc|numpyro|both]
         [-k EXPR] [--timeout SECONDS] [--patch-options JSON] [--what NAME] [--source LABEL]
         [--json FILE] TEST_PATH [TEST_PATH ...]
 
@@ -40,7 +40,8 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LIBRARIES = ("pymc", "numpyro")
 #: What the plugin passes to each library's `patch` unless `--patch-options` says otherwise:
@@ -152,7 +153,7 @@ def run_pytest(
         command += ["--color=no", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
         if keyword:
             command += ["-k", keyword]
-        pythonpath = [str(ROOT)] + ([str(ROOT / "benchmarks")] if patch is not None else [])
+        pythonpath = [str(ROOT)] + ([str(HERE)] if patch is not None else [])
         env = {k: v for k, v in os.environ.items() if k != PATCH_ENV}
         env["PYTHONPATH"] = os.pathsep.join([*pythonpath, env.get("PYTHONPATH", "")]).rstrip(
             os.pathsep
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     if not patched["marked_patched"] and not patched["timed_out"]:
         problems.append("the patched run's output does not say it was patched")
 
-    command = "python benchmarks/peer_suites.py " + " ".join(
+    command = "python benchmarks/probes/peer_suites.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     record = {

@@ -14,9 +14,9 @@ times its child's (JAX's first lowering paid before, then the call from just bef
 `block_until_ready`: tracing, compiling and running), the sizes round-robin in each of
 `--repeats` rounds; the table gives each size's median over the best median.
 
-    python benchmarks/chunk_sweep.py                   # the models of docs/strategies.md
-    python benchmarks/chunk_sweep.py --case 'gp:{"n_points": 250}:1,2,4,8,16,32'
-    python benchmarks/chunk_sweep.py --cold --repeats 5 --case 'gp:{}:1,2,8,25'
+    python benchmarks/probes/chunk_sweep.py                   # the models of docs/strategies.md
+    python benchmarks/probes/chunk_sweep.py --case 'gp:{"n_points": 250}:1,2,4,8,16,32'
+    python benchmarks/probes/chunk_sweep.py --cold --repeats 5 --case 'gp:{}:1,2,8,25'
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Lanes on models they were not tuned on: `Predictive` with one lane against one per core.
 
-    python benchmarks/numpyro_lanes.py --repeats 3
+    python benchmarks/probes/numpyro_lanes.py --repeats 3
 
 The models of `tests/numpyro_models.py` (none of them is a case of `bench_numpyro.py`, where
 lanes were measured first), with data a few thousand rows long, 4 x 1,000 draws from each
@@ -28,10 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # _cell.py, in benchmarks/
 from _cell import measured_call, run_child  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("logistic", "poisson", "multivariate", "ar1", "regression", "deterministic_sites")
 METHODS = ("one_lane", "lanes", "numpyro_vmap", "numpyro_map")
 DRAWS = 4000

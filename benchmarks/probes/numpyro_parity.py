@@ -1,6 +1,6 @@
 """Which computations give numpyro's `Predictive(parallel=False)` numbers, bit for bit.
 
-    python benchmarks/numpyro_parity.py [--x64] [--draws 400]
+    python benchmarks/probes/numpyro_parity.py [--x64] [--draws 400]
 
 For every model of `tests/numpyro_models.py` (posterior draws from its prior, seeded), the
 share of predicted values that differ in any bit from numpyro's default, `parallel=False`:
@@ -19,7 +19,7 @@ import platform
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METHODS = {
     "numpyro parallel=True": None,
     "ours": {},
@@ -107,7 +107,7 @@ def main() -> None:
     suffix = f"py{platform.python_version().replace('.', '')[:3]}" + ("_x64" if args.x64 else "")
     out = ROOT / "benchmarks" / "results" / f"numpyro_parity_{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/numpyro_parity.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/probes/numpyro_parity.py " + " ".join(sys.argv[1:])
     out.write_text(json.dumps({"command": command.strip(), "rows": rows, "table": table}) + "\n")
     print(f"wrote {out}")
 

@@ -1,8 +1,8 @@
 """Evidence for three of `PlannerConfig`'s heuristics that had none written down (issue 42).
 
-    python benchmarks/heuristics_evidence.py jump       # jump_factor, jump_slack_bytes
-    python benchmarks/heuristics_evidence.py store      # store_max_bytes
-    python benchmarks/heuristics_evidence.py overhead   # overhead_bytes_per_buffer
+    python benchmarks/probes/heuristics_evidence.py jump       # jump_factor, jump_slack_bytes
+    python benchmarks/probes/heuristics_evidence.py store      # store_max_bytes
+    python benchmarks/probes/heuristics_evidence.py overhead   # overhead_bytes_per_buffer
 
 - `jump`: for each zoo model, the chunk loop is compiled at the sizes the planner may halve
   through (the rule's, then halved to 1), and XLA's compiled temporaries are set against
