@@ -195,12 +195,13 @@ def obtain(
     key = request.key(problem)
     cached = _EXECUTABLES.get(jax_fn, key)
     if cached is not None:
-        return _bound(cached, jax_fn, problem)
+        return cached
     program_key = _program_key(problem, key)
     same_program = None if program_key is None else _BY_PROGRAM.get(program_key)
     if same_program is not None:
-        _EXECUTABLES.put(jax_fn, key, same_program)
-        return _bound(same_program, jax_fn, problem)
+        exe = _bound(same_program, jax_fn, problem)
+        _EXECUTABLES.put(jax_fn, key, exe)
+        return exe
     program = program_for(jax_fn, problem, request)
     try:
         if program.call is Call.TO_HOST:
@@ -211,10 +212,11 @@ def obtain(
         if is_out_of_memory(error):
             raise CompileOutOfMemory(request.strategy) from error
         raise
-    _EXECUTABLES.put(jax_fn, key, exe)
     if program_key is not None:
         _BY_PROGRAM.put(program_key, _unbound(exe))
-    return _bound(exe, jax_fn, problem)
+    exe = _bound(exe, jax_fn, problem)
+    _EXECUTABLES.put(jax_fn, key, exe)  # bound to `jax_fn`'s data, which it holds anyway
+    return exe
 
 
 def _program_key(problem: Problem, key: tuple) -> tuple | None:

@@ -87,7 +87,7 @@ def test_version_comes_from_the_metadata():
 #: (docs/architecture.md). Modules of one layer may import each other, without cycles.
 LAYERS = [
     ("face", {"__init__", "cli", "profiling", "numpyro"}),
-    ("routes", {"_patch", "_posthoc", "_predictive", "_numpyro", "_numpyro_patch"}),
+    ("routes", {"_patch", "_posthoc", "_predictive", "_numpyro", "_numpyro_patch", "_route"}),
     ("graph", {"_graph", "_samplers", "_pymc_model"}),
     ("entry", {"_entry", "_postprocess", "_options"}),
     ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
