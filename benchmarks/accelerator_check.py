@@ -19,6 +19,12 @@ so that a run cut short still reports what it finished:
   and `parallel=False`;
 - `compile`: `compile_cost.py`, the chunked programs' compile at 1.86 GiB of outputs;
 - `host_budget`: `host_budget.py`, `auto` on 17.6 GB of outputs, more than the chip holds.
+- `precision`: the post-hoc routes (`compute_log_likelihood`, `compute_log_prior`,
+  `compute_deterministics`) of a 20,000-row float32 regression on the default device, at the
+  routes' default `matmul_precision` ("highest") and at JAX's (None), each against pymc's own
+  default function (float32, on the host) and against a float64 reference (pymc's own on the
+  same model built in float64): the largest error relative to the largest value, cold and
+  warm seconds beside pymc's.
 
 The GPU's own checks (`--sections gpu` runs them all, in this order of worth; they were
 `gpu_check.py`, whose run on an H200 is `benchmarks/results/gpu_check_run1_h200.md`), each
@@ -162,6 +168,11 @@ def _sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
             ],
             90,
         ),
+        "precision": (
+            ["accelerator_check.py", "--precision", f"--out={out}"]
+            + (["--quick"] if quick else []),
+            300,
+        ),
         "host_budget": (
             [
                 "host_budget.py",
@@ -234,16 +245,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="accel_")))
     parser.add_argument(
-        "--sections", default="predictive,sample,huge_sample,numpyro,compile,host_budget"
+        "--sections",
+        default="precision,predictive,sample,huge_sample,numpyro,compile,host_budget",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a CPU try-out")
     parser.add_argument("--min-available-gib", type=float, default=5.0)
     parser.add_argument("--gpu-section", choices=GPU_SECTIONS, help=argparse.SUPPRESS)
     parser.add_argument("--gpu-child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.gpu_child:
         return gpu_child(*args.gpu_child)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.precision:
+        record = section_precision(args.quick)
+        (args.out / "precision.json").write_text(json.dumps(record, indent=1, default=str))
+        print(json.dumps(record, default=str)[:3000], flush=True)
+        return 0
     if args.gpu_section:
         return gpu_section(args.gpu_section, args.out, args.quick)
     table = _sections(args.out, args.quick)
@@ -435,6 +453,92 @@ def _max_rel_diff(outputs, reference) -> float:
         scale = np.maximum(np.abs(want), 1e-300)
         worst = max(worst, float(np.max(np.abs(got - want) / scale, initial=0.0)))
     return worst
+
+
+def _precision_model(rows: int, float_x: str):
+    """A regression of `rows` rows and 8 features in `float_x`, with an observation-level
+    deterministic `mu = X @ beta` (the same data whatever `float_x`)."""
+    import numpy as np
+    import pymc as pm
+    import pytensor
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 8))
+    y = x @ rng.normal(size=8) + rng.normal(size=rows)
+    with pytensor.config.change_flags(floatX=float_x), pm.Model() as model:
+        data = pm.Data("X", x.astype(float_x))
+        beta = pm.Normal("beta", 0.0, 1.0, shape=8)
+        sigma = pm.HalfNormal("sigma", 1.0)
+        mu = pm.Deterministic("mu", data @ beta)
+        pm.Normal("y", mu, sigma, observed=y.astype(float_x))
+    return model
+
+
+def section_precision(quick: bool) -> dict:
+    """The post-hoc routes' error on the default device against pymc's own and a float64
+    reference, at the routes' default precision and at JAX's (this process: float32)."""
+    import jax
+    import numpy as np
+    import pymc as pm
+    import pytensor
+    import xarray as xr
+
+    import pymc_chunkpost as pc
+
+    jax.numpy.zeros(1).block_until_ready()  # the device opened before any timer
+    rows, chains, draws = (2_000, 2, 100) if quick else (20_000, 4, 1_000)
+    model = _precision_model(rows, "float32")
+    reference_model = _precision_model(rows, "float64")
+    rng = np.random.default_rng(1)
+    beta = rng.normal(size=(chains, draws, 8))
+    sigma = np.abs(rng.normal(size=(chains, draws))) + 0.5
+
+    def posterior(dtype):
+        data = {"beta": (("chain", "draw", "beta_dim_0"), beta.astype(dtype))}
+        data["sigma"] = (("chain", "draw"), sigma.astype(dtype))
+        dataset = xr.Dataset(data, coords={"chain": range(chains), "draw": range(draws)})
+        if int(pm.__version__.split(".")[0]) >= 6:
+            return xr.DataTree.from_dict({"posterior": dataset})
+        import arviz as az
+
+        return az.InferenceData(posterior=dataset)
+
+    routes = {
+        "compute_log_likelihood": ("y", lambda f, m, i, **o: f(i, model=m, **o)),
+        "compute_log_prior": ("beta", lambda f, m, i, **o: f(i, model=m, **o)),
+        "compute_deterministics": ("mu", lambda f, m, i, **o: f(i.posterior, model=m, **o)),
+    }
+    record: dict = {"device": str(jax.devices()[0]), "rows": rows, "draws": chains * draws}
+    record["floatX"] = pytensor.config.floatX
+    for name, (variable, call) in routes.items():
+        pymc_own = getattr(pm, name) if hasattr(pm, name) else getattr(pm.stats, name)
+        quiet: dict = {"progressbar": False}
+        if name != "compute_deterministics":
+            quiet["extend_inferencedata"] = False
+        theirs64 = call(pymc_own, reference_model, posterior(np.float64), **quiet)[variable]
+        tic = time.perf_counter()
+        theirs = call(pymc_own, model, posterior(np.float32), **quiet)[variable]
+        row = {"pymc_seconds": time.perf_counter() - tic}
+        scale = float(np.max(np.abs(theirs64.values)))
+        row["pymc_vs_float64"] = float(np.max(np.abs(theirs.values - theirs64.values))) / scale
+        for precision in ("highest", None):
+            times = []
+            for _ in range(2):  # cold, then warm
+                tic = time.perf_counter()
+                ours = call(
+                    getattr(pc, name),
+                    model,
+                    posterior(np.float32),
+                    matmul_precision=precision,
+                    **quiet,
+                )[variable].values
+                times.append(time.perf_counter() - tic)
+            label = precision or "jax_default"
+            row[f"{label}_cold_seconds"], row[f"{label}_warm_seconds"] = times
+            row[f"{label}_vs_pymc"] = float(np.max(np.abs(ours - theirs.values))) / scale
+            row[f"{label}_vs_float64"] = float(np.max(np.abs(ours - theirs64.values))) / scale
+        record[name] = row
+    return record
 
 
 def section_fixtures(quick: bool) -> dict:
