@@ -106,15 +106,7 @@ def _sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
     """Section -> (the command's arguments after `python`, its time limit in seconds)."""
     rows = "2000,200" if quick else "20000,2000"
     big = "tiny_det" if quick else "big_det"
-    gpu = {
-        name: (
-            ["accelerator_check.py", "--gpu-section", name, f"--out={out}"]
-            + (["--quick"] if quick else []),
-            _GPU_LIMITS.get(name, 300),
-        )
-        for name in GPU_SECTIONS
-    }
-    return gpu | {
+    return _own_sections(out, quick) | {
         "predictive": (
             [
                 "predictive_compile.py",
@@ -168,11 +160,6 @@ def _sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
             ],
             90,
         ),
-        "precision": (
-            ["accelerator_check.py", "--precision", f"--out={out}"]
-            + (["--quick"] if quick else []),
-            300,
-        ),
         "host_budget": (
             [
                 "host_budget.py",
@@ -185,6 +172,16 @@ def _sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
             150,
         ),
     }
+
+
+def _own_sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
+    """The sections this script runs itself, each in a fresh process: the GPU's checks and
+    the precision of the post-hoc routes."""
+    again = ["accelerator_check.py", f"--out={out}"] + (["--quick"] if quick else [])
+    gpu = {
+        name: (again + ["--gpu-section", name], _GPU_LIMITS.get(name, 300)) for name in GPU_SECTIONS
+    }
+    return gpu | {"precision": (again + ["--precision"], 300)}
 
 
 class _Watchdog(threading.Thread):

@@ -14,7 +14,9 @@ Every (case, method) runs in a fresh Python process with an empty cache folder
 (`PYMC_CHUNKPOST_CACHE_DIR`), round-robin (one repeat of every cell, then the next). In it,
 the model and posterior are built, JAX's first lowering is paid on a trivial function and the
 garbage is collected; then the first call (cold: graph, compile, run) and the second (warm)
-are timed. Speed-ups are medians of the run-by-run ratios.
+are timed, and, on the hierarchical cases, a third after `pm.set_data` gave `x` new values
+of the same shape (`new_data`: out-of-sample prediction, where nothing should compile again).
+Speed-ups are medians of the run-by-run ratios.
 
 `--memory` measures, in a fresh process each, memray's peak of `ours` on `hier_30k` (30,000
 rows x 4,000 draws: 0.9 GiB of predictive draws, the floor), as `bench_posthoc` does.
@@ -110,7 +112,7 @@ def _caller(case: str, method: str):
         "pymc_default": pm.sample_posterior_predictive,
     }[method]
     kwargs = dict(model=model, progressbar=False, random_seed=1, return_inferencedata=False)
-    return lambda: function(_trace(posterior), **kwargs)
+    return model, lambda: function(_trace(posterior), **kwargs)
 
 
 def child(case: str, method: str, measure: str) -> dict:
@@ -123,13 +125,20 @@ def child(case: str, method: str, measure: str) -> dict:
     import jax.numpy as jnp
     import pymc as pm
 
-    call = _caller(case, method)
+    model, call = _caller(case, method)
     jax.jit(lambda a: a + 1)(jnp.ones(3)).block_until_ready()  # JAX's first lowering
     result = {"case": case, "method": method, "pymc": pm.__version__, "jax": jax.__version__}
     result["impl"] = str(jax.config.values["jax_default_prng_impl"])
     if method == "ours" and measure == "time":
         _record_phases(result)
-    for phase in ("cold", "warm"):
+    phases = ("cold", "warm", "new_data") if "x" in model.named_vars else ("cold", "warm")
+    for phase in phases:
+        if phase == "new_data":
+            import numpy as np
+
+            x = model["x"].get_value()
+            with model:
+                pm.set_data({"x": np.random.default_rng(5).normal(size=x.shape)})
         out = measured_call(call, measure, phase, result)
         result["floor"] = int(sum(v.nbytes for v in out.values()))
         if measure == "sample":
@@ -250,9 +259,10 @@ def timings(cases: list[str], methods: list[str], repeats: int) -> list[dict]:
                         f"  (graph {run['graph_s']:.2f} s, planning {run['planning_s']:.2f} s, "
                         f"compile {run['compile_s']:.2f} s, plan {run['plan']})"
                     )
+                new = f"  new data {run['new_data_s']:7.2f} s" if "new_data_s" in run else ""
                 print(
                     f"{case:9s} {method:13s} cold {run['cold_s']:7.2f} s  warm "
-                    f"{run['warm_s']:7.2f} s{phases}",
+                    f"{run['warm_s']:7.2f} s{new}{phases}",
                     flush=True,
                 )
     return runs
@@ -313,24 +323,31 @@ def report(runs: list[dict], cases: list[str], methods: list[str]) -> str:
         "run-by-run ratios (pymc's time / ours); cold = the first call in the process (graph, "
         "compile, run), warm = the second.",
         "",
-        "| posterior | method | cold s | warm s | cold speed-up | warm speed-up |",
-        "|---|---|---|---|---|---|",
+        "| posterior | method | cold s | warm s | new data s | cold speed-up | warm speed-up "
+        "| new data speed-up |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for case in cases:
         for method in methods:
             cold, warm = pick(case, method, "cold_s"), pick(case, method, "warm_s")
             if not cold:
                 continue
-            speed = ["", ""]
+            new = [r.get("new_data_s") for r in runs if r["case"] == case and r["method"] == method]
+            new = [x for x in new if x is not None]
+            keys = ("cold_s", "warm_s", "new_data_s")
+            speed = ["", "", ""]
             if method != "ours" and "ours" in methods:
-                for i, key in enumerate(("cold_s", "warm_s")):
-                    ratios = [
-                        a / b for a, b in zip(pick(case, method, key), pick(case, "ours", key))
+                for i, key in enumerate(keys):
+                    ours = [r.get(key) for r in runs if r["case"] == case and r["method"] == "ours"]
+                    theirs = [
+                        r.get(key) for r in runs if r["case"] == case and r["method"] == method
                     ]
-                    speed[i] = f"{statistics.median(ratios):.2f}x"
+                    ratios = [a / b for a, b in zip(theirs, ours) if a is not None and b]
+                    speed[i] = f"{statistics.median(ratios):.2f}x" if ratios else ""
+            new_s = f"{statistics.median(new):.2f}" if new else ""
             lines.append(
                 f"| {case} | {method} | {statistics.median(cold):.2f} | "
-                f"{statistics.median(warm):.2f} | {speed[0]} | {speed[1]} |"
+                f"{statistics.median(warm):.2f} | {new_s} | {speed[0]} | {speed[1]} | {speed[2]} |"
             )
     return "\n".join(lines) + "\n"
 
