@@ -10,6 +10,7 @@ from ._patch import unpatch as unpatch
 from ._posthoc import compute_deterministics as compute_deterministics
 from ._posthoc import compute_log_likelihood as compute_log_likelihood
 from ._posthoc import compute_log_prior as compute_log_prior
+from ._loo import loo as loo
 from ._postprocess import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
 from ._predictive import sample_posterior_predictive as sample_posterior_predictive
