@@ -475,3 +475,118 @@ def _result(
 
 def _scale_name(scale_value: int) -> str:
     return {value: key for key, value in _SCALES.items()}[scale_value]
+
+
+# --- numpyro ------------------------------------------------------------------------------
+
+
+def numpyro_loo(
+    model: Callable,
+    posterior_samples: dict[str, Any],
+    *args: Any,
+    batch_ndims: int = 1,
+    var_name: str | None = None,
+    pointwise: bool | None = None,
+    reff: float | None = None,
+    postprocessing_vectorize: str = "auto",
+    memory_budget: int | float | None = None,
+    block_size: int | None = None,
+    progressbar: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """PSIS-LOO-CV of a NumPyro model, as ArviZ's `loo` on `numpyro.infer.log_likelihood`.
+
+    Each block's program computes the site's whole log-density at a draw and keeps the
+    block's observations (NumPyro's data are the model's arguments, which cannot be sliced
+    for it): memory is one block, work grows with the number of blocks. A budget that holds
+    the whole log-likelihood takes one block.
+
+    Args:
+        model: the numpyro model.
+        posterior_samples: site name to draws of shape `batch_shape + site shape`.
+        *args: the model's arguments.
+        batch_ndims: 1 (`(num_samples, ...)`, one chain) or 2 (`(chains, draws, ...)`).
+        var_name: the observed site; needed where the model has several.
+        pointwise: as for `loo`.
+        reff: as for `loo`; default ArviZ's from the posterior draws.
+        postprocessing_vectorize: as for `loo`.
+        memory_budget: as for `loo`.
+        block_size: as for `loo`.
+        progressbar: as for `loo`.
+        **kwargs: the model's keyword arguments.
+
+    Returns:
+        ArviZ's LOO result, as `loo` returns it (log scale).
+
+    Raises:
+        ValueError: bad arguments (no draws, an unknown or missing `var_name`), before the
+            log-likelihood is computed.
+    """
+    import jax
+    import xarray
+
+    from ._numpyro import _as_chains_draws, _batch_shape, _check_callable, _log_likelihood_draw
+
+    generation = arviz_generation()
+    check_options(postprocessing_vectorize, None, None, memory_budget)
+    _check_block_size(block_size)
+    _check_callable(model, "model")
+    if batch_ndims not in (1, 2):
+        raise ValueError(
+            f"`batch_ndims` must be 1 or 2 for LOO, got {batch_ndims!r}: LOO needs draws, "
+            "of shape (num_samples, ...) or (chains, draws, ...)."
+        )
+    batch_shape = _batch_shape(posterior_samples, batch_ndims)
+    if batch_shape is None or math.prod(batch_shape) < 2:
+        raise ValueError("`posterior_samples` has no draws: LOO needs posterior draws.")
+    leaves, tree = jax.tree_util.tree_flatten(posterior_samples)
+    draws = [_as_chains_draws(x, batch_shape) for x in leaves]
+    one = jax.tree_util.tree_unflatten(tree, [np.asarray(d)[0, 0] for d in draws])
+    sites = _log_likelihood_draw(model, one, args, kwargs)
+    names = list(sites)
+    if not names:
+        raise ValueError("The model has no observed sites: LOO needs a likelihood.")
+    if var_name is None and len(names) > 1:
+        raise ValueError(
+            f"The model has several observed sites ({names}): pass `var_name`, one of them."
+        )
+    name = names[0] if var_name is None else var_name
+    if name not in names:
+        raise ValueError(f"`var_name={var_name!r}` is not an observed site; pass one of {names}.")
+    shape = tuple(np.shape(sites[name]))
+    chains, n_draws = draws[0].shape[:2]
+    n_samples = chains * n_draws
+    if reff is None:
+        dataset = xarray.Dataset(
+            {
+                k: (("chain", "draw", *(f"{k}_dim_{i}" for i in range(np.ndim(v) - 2))), v)
+                for k, v in ((k, np.asarray(v).reshape((chains, n_draws, *np.shape(v)[batch_ndims:])))
+                             for k, v in posterior_samples.items())
+            }
+        )
+        reff = _reff(dataset, n_samples, generation)
+    budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
+    size = _block_size(shape, n_samples, budget, block_size)
+
+    def block(start: int) -> np.ndarray:
+        def per_draw(*values: Any) -> Any:
+            samples = jax.tree_util.tree_unflatten(tree, values)
+            site = _log_likelihood_draw(model, samples, args, kwargs)[name]
+            # The engine maps a function of a list of outputs.
+            return [site if not shape or size == shape[0] else site[start : start + size]]
+
+        outputs, _ = _postprocess.run(
+            per_draw,
+            draws,
+            None,
+            postprocessing_vectorize,
+            False,
+            memory_budget=memory_budget,
+            progressbar=progressbar,
+            progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
+        )
+        return np.asarray(outputs[0], dtype=np.float64)
+
+    elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff)
+    dims = [f"{name}_dim_{i}" for i in range(len(shape))]
+    return _result(elpd_i, pareto_k, lppd_i, n_samples, name, dims, {}, pointwise, 1, generation)
