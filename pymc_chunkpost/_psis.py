@@ -189,8 +189,6 @@ def _gpinv_v0(probs: np.ndarray, kappa: np.ndarray, sigma: np.ndarray) -> np.nda
 
 
 def _loo_v1(log_likelihood: np.ndarray, reff: float) -> BlockResult:
-    from scipy.special import logsumexp
-
     n_obs, n_samples = log_likelihood.shape
     if n_samples * reff > 225:
         tail_len = int(np.floor(3 * (n_samples / reff) ** 0.5))
@@ -223,11 +221,11 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float) -> BlockResult:
         sub = x[fitted]
         np.put_along_axis(sub, tail_index[fitted], smoothed, axis=1)
         x[fitted] = sub
-    x -= logsumexp(x, axis=1, keepdims=True)
+    x -= _logsumexp_rows(x)[:, None]
     x += log_likelihood
-    elpd_i = logsumexp(x, axis=1)
+    elpd_i = _logsumexp_rows(x, out=x)
     del x
-    lppd_i = logsumexp(log_likelihood, b=1 / n_samples, axis=1)
+    lppd_i = _logsumexp_rows(log_likelihood) + np.log(1 / n_samples)
     return BlockResult(elpd_i, k, lppd_i)
 
 
@@ -273,6 +271,17 @@ def _gpinv_v1(
     )
     q[sigma <= 0] = np.nan
     return q
+
+
+def _logsumexp_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`scipy.special.logsumexp(x, axis=1)`, in the plain max-shifted form (scipy 1.15+
+    takes 5x longer on a block): equal to it within a few ulps of the result. `out`: a
+    scratch array of `x`'s shape (may be `x`)."""
+    top = x.max(axis=1)
+    shift = np.where(np.isfinite(top), top, 0.0)  # all -inf gives -inf; +inf gives +inf
+    scratch = np.subtract(x, shift[:, None], out=out)
+    np.exp(scratch, out=scratch)
+    return np.log(scratch.sum(axis=1)) + shift
 
 
 _GENERATIONS: dict[int, Callable[[np.ndarray, float], BlockResult]] = {0: _loo_v0, 1: _loo_v1}

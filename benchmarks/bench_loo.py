@@ -1,0 +1,152 @@
+"""`pymc_chunkpost.loo` against `pm.compute_log_likelihood` + ArviZ's `loo`, each cell in a
+fresh process.
+
+    python benchmarks/bench_loo.py --rows 20000 --json benchmarks/results/bench_loo_run1_py312.json
+
+The model is issue 59's: a hierarchical regression (40 groups, 3 features, `pm.Data`) with
+`--rows` observations, and a seeded 4 x 1000-draw posterior (no sampling). Methods: `ours`
+(`pymc_chunkpost.loo`, defaults: 1 GiB blocks) and `anchor` (`pm.compute_log_likelihood`,
+pymc's own with its default backend, then the installed ArviZ's `loo`: `arviz.loo` on 0.x,
+`arviz_stats.loo` on 1.x). Each (rows, method) runs in a fresh Python process: the model and
+posterior are built, the garbage collected, `VmHWM` reset (`echo 5 > /proc/self/clear_refs`),
+and the one call timed cold (graph building, compiling, running); the record keeps its
+seconds and its peak RSS above the RSS before the call. `--methods ours` runs ours alone
+(for sizes whose matrix does not fit the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+from _cell import run_child  # noqa: E402
+
+CHAINS, DRAWS, GROUPS = 4, 1000, 40
+
+
+def build(rows: int):
+    """The model and its posterior as inference data (pymc 6: DataTree; 5: InferenceData)."""
+    import numpy as np
+    import pymc as pm
+
+    rng = np.random.default_rng(0)
+    x, group = rng.normal(size=(rows, 3)), rng.integers(0, GROUPS, rows)
+    a_true = rng.normal(0, 1, GROUPS)
+    y = a_true[group] + x @ np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1, rows)
+    with pm.Model(coords={"obs": range(rows)}) as model:
+        data, groups = pm.Data("x", x), pm.Data("group", group)
+        a = pm.Normal("a", shape=GROUPS)
+        b = pm.Normal("b", shape=3)
+        sigma = pm.HalfNormal("sigma")
+        pm.Normal("y", a[groups] + data @ b, sigma, observed=y, dims="obs")
+    scale = 1 / np.sqrt(rows / GROUPS)
+    posterior = {
+        "a": a_true + rng.normal(0, scale, (CHAINS, DRAWS, GROUPS)),
+        "b": np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1 / np.sqrt(rows), (CHAINS, DRAWS, 3)),
+        "sigma": np.abs(1 + rng.normal(0, 1 / np.sqrt(2 * rows), (CHAINS, DRAWS))),
+    }
+    import arviz
+
+    if arviz.__version__.startswith("0."):
+        idata = arviz.from_dict(posterior=posterior)
+    else:
+        from arviz_base import from_dict
+
+        idata = from_dict({"posterior": posterior})
+    return model, idata
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def child(rows: int, method: str) -> dict:
+    import gc
+    import warnings
+
+    import arviz
+
+    model, idata = build(rows)
+    generation = 0 if arviz.__version__.startswith("0.") else 1
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status("VmRSS")
+    tic = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "ours":
+            sys.path.insert(0, str(ROOT))
+            import pymc_chunkpost
+
+            result = pymc_chunkpost.loo(idata, model, progressbar=False)
+        else:
+            import pymc as pm
+
+            pm.compute_log_likelihood(idata, model=model, progressbar=False)
+            if generation == 0:
+                result = arviz.loo(idata)
+            else:
+                from arviz_stats import loo
+
+                result = loo(idata)
+    seconds = time.perf_counter() - tic
+    peak = _status("VmHWM") - start
+    elpd = float(result.elpd_loo if generation == 0 else result.elpd)
+    return {"rows": rows, "method": method, "seconds": seconds, "peak_rss_above_start": peak,
+            "elpd": elpd}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[20000])
+    parser.add_argument("--methods", nargs="+", default=["ours", "anchor"])
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--child", nargs=2, metavar=("ROWS", "METHOD"))
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1])))
+        return
+    import arviz
+    import jax
+    import pymc
+
+    cells = []
+    for rows in args.rows:
+        for method in args.methods:
+            cell = run_child(__file__, ["--child", str(rows), method])
+            print(json.dumps(cell), flush=True)
+            cells.append(cell)
+    record = {
+        "script": "benchmarks/bench_loo.py",
+        "command": " ".join(sys.argv),
+        "python": platform.python_version(),
+        "versions": {"pymc": pymc.__version__, "jax": jax.__version__,
+                     "arviz": arviz.__version__},
+        "machine": platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+        "chains": CHAINS,
+        "draws": DRAWS,
+        "cells": cells,
+    }
+    for rows in args.rows:
+        by = {c["method"]: c for c in cells if c["rows"] == rows}
+        if {"ours", "anchor"} <= set(by):
+            speedup = by["anchor"]["seconds"] / by["ours"]["seconds"]
+            record.setdefault("speedup_cold", {})[str(rows)] = speedup
+            print(f"{rows} rows: {speedup:.2f}x faster cold; elpd "
+                  f"{by['ours']['elpd']:.6f} vs {by['anchor']['elpd']:.6f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
