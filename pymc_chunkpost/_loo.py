@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _postprocess
 from ._options import check_options
-from ._psis import arviz_generation, psis_loo_block, summary, tail_rows_bytes
+from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
 
 __all__ = ["loo"]
 
@@ -171,11 +171,13 @@ def _blocked(
     total = n_leading * rest
     elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
     starts = list(range(0, n_leading - size, size)) + [n_leading - size]
+    workspace = Workspace(size * rest, n_samples)
     for start in starts:
         values = block(start).reshape(n_samples, size * rest)
         # (observations, draws), each observation's draws contiguous, as PSIS reads them.
-        result = psis_loo_block(values.T.copy(), reff)
+        np.copyto(workspace.log_likelihood, values.T)
         del values
+        result = psis_loo_block(workspace.log_likelihood, reff, workspace)
         where = slice(start * rest, (start + size) * rest)
         elpd_i[where], pareto_k[where], lppd_i[where] = (
             result.elpd_i,

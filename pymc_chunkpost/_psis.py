@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["BlockResult", "arviz_generation", "psis_loo_block", "summary"]
+__all__ = ["BlockResult", "Workspace", "arviz_generation", "psis_loo_block", "summary"]
 
 _PRIOR_BS = 3  # ArviZ's GPD fit: the grid's scale from the first quartile
 _PRIOR_K = 10  # ArviZ's GPD fit: weight of the prior at k = 0.5
@@ -53,19 +53,65 @@ def arviz_generation() -> int:
     return 0 if arviz.__version__.startswith("0.") else 1
 
 
-def psis_loo_block(log_likelihood: np.ndarray, reff: float) -> BlockResult:
+class Workspace:
+    """Host buffers of one block, reused by every block of a call: a fresh array of a block
+    costs its page faults every time (the allocator maps and unmaps arrays this large),
+    measured at as long as the arithmetic on it."""
+
+    def __init__(self, n_obs: int, n_samples: int):
+        self.log_likelihood = np.empty((n_obs, n_samples))  # the block, as PSIS reads it
+        self.weights = np.empty((n_obs, n_samples))  # the smoothed log weights
+        self.scratch = np.empty((n_obs, n_samples))  # exponentials, partitions
+        self.mask = np.empty((n_obs, n_samples), dtype=bool)  # the tail's draws
+
+
+def psis_loo_block(
+    log_likelihood: np.ndarray, reff: float, workspace: Workspace | None = None
+) -> BlockResult:
     """PSIS-LOO of a block, as the installed ArviZ's `loo` computes each observation.
 
     Args:
-        log_likelihood: `(observations, draws)` float64, C-contiguous; draws in ArviZ's
-            order (chain-major). Left unchanged.
+        log_likelihood: `(observations, draws)` float64; draws in ArviZ's order
+            (chain-major). Left unchanged.
         reff: relative efficiency, as ArviZ's `loo` takes it.
+        workspace: buffers of this block's shape to compute in (`workspace.log_likelihood`
+            may be `log_likelihood` itself); default new ones.
 
     Returns:
         elpd_i, Pareto k and lppd_i, each of shape `(observations,)`.
     """
     block = np.ascontiguousarray(log_likelihood, dtype=np.float64)
-    return _GENERATIONS[arviz_generation()](block, float(reff))
+    if workspace is None or workspace.weights.shape != block.shape:
+        workspace = Workspace(*block.shape)
+    return _GENERATIONS[arviz_generation()](block, float(reff), workspace)
+
+
+def _tail(
+    x: np.ndarray, tail_len: int, floor: float, work: Workspace
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's cutoff (its `tail_len + 1`-th largest value, at least `floor`), the
+    draws above it sorted ascending with their indices, and whether the row has exactly
+    `tail_len` such draws, all distinct (a regular row; the others' tails are undefined)."""
+    n_obs, n_samples = x.shape
+    kth = n_samples - tail_len - 1
+    partitioned = work.scratch
+    np.copyto(partitioned, x)
+    partitioned.partition(kth, axis=1)  # in place: no (observations, draws) index array
+    cutoff = np.maximum(partitioned[:, kth], floor)
+    above = np.greater(x, cutoff[:, None], out=work.mask)
+    regular = np.count_nonzero(above, axis=1) == tail_len
+    rows = np.flatnonzero(regular)
+    if rows.size == n_obs:
+        tail_index = np.nonzero(above)[1].reshape(n_obs, tail_len)
+    else:
+        tail_index = np.zeros((n_obs, tail_len), dtype=np.intp)
+        tail_index[rows] = np.nonzero(above[rows])[1].reshape(rows.size, tail_len)
+    tail = np.take_along_axis(x, tail_index, axis=1)
+    order = np.argsort(tail, axis=1)
+    tail = np.take_along_axis(tail, order, axis=1)
+    tail_index = np.take_along_axis(tail_index, order, axis=1)
+    regular &= (np.diff(tail, axis=1) > 0).all(axis=1)
+    return cutoff, tail, tail_index, regular
 
 
 def summary(
@@ -92,7 +138,7 @@ def summary(
 # --- ArviZ 0.x ------------------------------------------------------------------------------
 
 
-def _loo_v0(log_likelihood: np.ndarray, reff: float) -> BlockResult:
+def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockResult:
     from arviz.stats.stats_utils import logsumexp
 
     n_obs, n_samples = log_likelihood.shape
@@ -100,24 +146,12 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float) -> BlockResult:
     # largest, where M is this, and above log(tiny).
     tail_len = int(np.ceil(min(n_samples / 5.0, 3 * (n_samples / reff) ** 0.5)))
     cutoffmin = np.log(_TINY)
-    x = np.negative(log_likelihood)
+    x = np.negative(log_likelihood, out=work.weights)
     x -= x.max(axis=1, keepdims=True)
     k = np.full(n_obs, np.inf)
     regular = np.zeros(n_obs, dtype=bool)
     if 4 < tail_len < n_samples:
-        kth = n_samples - tail_len - 1
-        partition = np.argpartition(x, kth, axis=1)
-        cutoff = np.take_along_axis(x, partition[:, kth : kth + 1], axis=1)[:, 0]
-        tail_index = partition[:, kth + 1 :]
-        del partition
-        tail = np.take_along_axis(x, tail_index, axis=1)
-        order = np.argsort(tail, axis=1)
-        tail = np.take_along_axis(tail, order, axis=1)
-        tail_index = np.take_along_axis(tail_index, order, axis=1)
-        cutoff = np.maximum(cutoff, cutoffmin)
-        # A regular row's tail is exactly these draws, all distinct: ArviZ's `x > xcutoff`
-        # selects them and its sort orders them as ours does.
-        regular = (tail[:, 0] > cutoff) & (np.diff(tail, axis=1) > 0).all(axis=1)
+        cutoff, tail, tail_index, regular = _tail(x, tail_len, cutoffmin, work)
         rows = np.flatnonzero(regular)
         if rows.size:
             exp_cutoff = np.exp(cutoff[rows])
@@ -128,10 +162,10 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float) -> BlockResult:
             smoothed = np.log(smoothed + exp_cutoff[:, None])
             fitted = np.isfinite(k_rows)
             rows, smoothed = rows[fitted], smoothed[fitted]
-            sub = x[rows]
-            np.put_along_axis(sub, tail_index[rows], smoothed, axis=1)
-            sub[sub > 0] = 0  # truncated at the largest raw weight, as ArviZ's
-            x[rows] = sub
+            # Truncated at the largest raw weight, 0, as ArviZ's; the rest of a row is at
+            # most its cutoff, itself at most 0.
+            smoothed[smoothed > 0] = 0
+            x[rows[:, None], tail_index[rows]] = smoothed
     x -= logsumexp(x, axis=1, keepdims=True)
     irregular = np.flatnonzero(~regular)
     if irregular.size:
@@ -143,7 +177,6 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float) -> BlockResult:
             )
     x += log_likelihood  # ArviZ: `log_weights += log_likelihood`
     elpd_i = logsumexp(x, axis=1, copy=False)
-    del x
     lppd_i = logsumexp(log_likelihood, b_inv=n_samples, axis=1)
     return BlockResult(elpd_i, k, lppd_i)
 
@@ -188,7 +221,7 @@ def _gpinv_v0(probs: np.ndarray, kappa: np.ndarray, sigma: np.ndarray) -> np.nda
 # --- ArviZ 1.x (arviz-stats) ----------------------------------------------------------------
 
 
-def _loo_v1(log_likelihood: np.ndarray, reff: float) -> BlockResult:
+def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockResult:
     n_obs, n_samples = log_likelihood.shape
     if n_samples * reff > 225:
         tail_len = int(np.floor(3 * (n_samples / reff) ** 0.5))
@@ -196,36 +229,31 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float) -> BlockResult:
         tail_len = int(np.floor(n_samples / 5))
     if tail_len < 5:
         raise ValueError("n_draws_tail must be at least 5")  # arviz-stats' own error
-    x = np.negative(log_likelihood)
+    x = np.negative(log_likelihood, out=work.weights)
     x -= x.max(axis=1, keepdims=True)
-    kth = n_samples - tail_len - 1
-    partition = np.argpartition(x, kth, axis=1)
-    cutoff = np.take_along_axis(x, partition[:, kth : kth + 1], axis=1)[:, 0]
-    tail_index = partition[:, kth + 1 :]
-    del partition
-    tail = np.take_along_axis(x, tail_index, axis=1)
-    order = np.argsort(tail, axis=1)
-    tail = np.take_along_axis(tail, order, axis=1)
-    tail_index = np.take_along_axis(tail_index, order, axis=1)
+    cutoff, tail, tail_index, regular = _tail(x, tail_len, -np.inf, work)
     max_tail, min_tail = tail[:, -1], tail[:, 0]
-    if np.any(np.abs(max_tail - min_tail) < _TINY):
+    if np.any(np.abs(max_tail - min_tail)[regular] < _TINY):
         raise ValueError("All tail values are the same")  # arviz-stats' own error
     exp_cutoff = np.exp(cutoff)
     k, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None])
-    fitted = np.flatnonzero(np.isfinite(k))
+    fitted = np.flatnonzero(np.isfinite(k) & regular)
     if fitted.size:
         probs = np.arange(0.5, tail_len) / tail_len
         smoothed = np.log(_gpinv_v1(probs, k[fitted], sigma[fitted], exp_cutoff[fitted]))
         cap = max_tail[fitted][:, None]
         smoothed = np.where(smoothed > cap, cap, smoothed)
-        sub = x[fitted]
-        np.put_along_axis(sub, tail_index[fitted], smoothed, axis=1)
-        x[fitted] = sub
-    x -= _logsumexp_rows(x)[:, None]
+        x[fitted[:, None], tail_index[fitted]] = smoothed
+    x -= _logsumexp_rows(x, out=work.scratch)[:, None]
+    irregular = np.flatnonzero(~regular)
+    if irregular.size:
+        from arviz_stats.base import array_stats
+
+        for row in irregular:  # ties at the cutoff: arviz-stats' own function
+            x[row], k[row] = array_stats._psislw(log_likelihood[row], reff)
     x += log_likelihood
-    elpd_i = _logsumexp_rows(x, out=x)
-    del x
-    lppd_i = _logsumexp_rows(log_likelihood) + np.log(1 / n_samples)
+    elpd_i = _logsumexp_rows(x, out=work.scratch)
+    lppd_i = _logsumexp_rows(log_likelihood, out=work.scratch) + np.log(1 / n_samples)
     return BlockResult(elpd_i, k, lppd_i)
 
 
@@ -284,10 +312,10 @@ def _logsumexp_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return np.log(scratch.sum(axis=1)) + shift
 
 
-_GENERATIONS: dict[int, Callable[[np.ndarray, float], BlockResult]] = {0: _loo_v0, 1: _loo_v1}
+_GENERATIONS: dict[int, Callable[[np.ndarray, float, Workspace], BlockResult]] = {0: _loo_v0, 1: _loo_v1}
 
 
 def tail_rows_bytes(n_samples: int) -> int:
     """Bytes one observation takes while its block is smoothed: the block's row and about
     five rows of temporaries (shifted weights, partition indices, exponentials)."""
-    return 6 * 8 * n_samples + 8 * 64 * math.isqrt(max(n_samples, 1))
+    return 5 * 8 * n_samples + 8 * 64 * math.isqrt(max(n_samples, 1))

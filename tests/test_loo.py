@@ -313,3 +313,11 @@ def test_numpyro_equals_arviz():
         warnings.simplefilter("ignore")
         ours = ours_numpyro.loo(model, samples, x, y, batch_ndims=2, pointwise=True, block_size=70)
     _assert_same(ours, reference)
+
+
+def test_compute_log_likelihood_memory_error_names_loo():
+    model, draws = hierarchical(400)
+    with pytest.raises(MemoryError, match=r"pymc_chunkpost\.loo"):
+        pymc_chunkpost.compute_log_likelihood(
+            _idata(draws), model=model, memory_budget=10_000, progressbar=False
+        )
