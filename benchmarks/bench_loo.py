@@ -101,8 +101,13 @@ def child(rows: int, method: str) -> dict:
     seconds = time.perf_counter() - tic
     peak = _status("VmHWM") - start
     elpd = float(result.elpd_loo if generation == 0 else result.elpd)
-    return {"rows": rows, "method": method, "seconds": seconds, "peak_rss_above_start": peak,
-            "elpd": elpd}
+    return {
+        "rows": rows,
+        "method": method,
+        "seconds": seconds,
+        "peak_rss_above_start": peak,
+        "elpd": elpd,
+    }
 
 
 def main() -> None:
@@ -129,8 +134,7 @@ def main() -> None:
         "script": "benchmarks/bench_loo.py",
         "command": " ".join(sys.argv),
         "python": platform.python_version(),
-        "versions": {"pymc": pymc.__version__, "jax": jax.__version__,
-                     "arviz": arviz.__version__},
+        "versions": {"pymc": pymc.__version__, "jax": jax.__version__, "arviz": arviz.__version__},
         "machine": platform.machine(),
         "cpus": __import__("os").cpu_count(),
         "chains": CHAINS,
@@ -142,8 +146,10 @@ def main() -> None:
         if {"ours", "anchor"} <= set(by):
             speedup = by["anchor"]["seconds"] / by["ours"]["seconds"]
             record.setdefault("speedup_cold", {})[str(rows)] = speedup
-            print(f"{rows} rows: {speedup:.2f}x faster cold; elpd "
-                  f"{by['ours']['elpd']:.6f} vs {by['anchor']['elpd']:.6f}")
+            print(
+                f"{rows} rows: {speedup:.2f}x faster cold; elpd "
+                f"{by['ours']['elpd']:.6f} vs {by['anchor']['elpd']:.6f}"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 

@@ -2,6 +2,7 @@
 
 from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
+from ._loo import loo as loo
 from ._memory import configure_memory as configure_memory
 from ._patch import is_patched as is_patched
 from ._patch import patch as patch
@@ -10,7 +11,6 @@ from ._patch import unpatch as unpatch
 from ._posthoc import compute_deterministics as compute_deterministics
 from ._posthoc import compute_log_likelihood as compute_log_likelihood
 from ._posthoc import compute_log_prior as compute_log_prior
-from ._loo import loo as loo
 from ._postprocess import plan as plan
 from ._postprocess import postprocess_samples as postprocess_samples
 from ._predictive import sample_posterior_predictive as sample_posterior_predictive

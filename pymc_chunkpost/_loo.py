@@ -21,9 +21,11 @@ said by a warning.
 
 from __future__ import annotations
 
+import gc
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,9 @@ from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_ro
 
 __all__ = ["loo"]
 
+#: Every this many blocks a full garbage collection (0.1-0.5 s with pymc and JAX loaded);
+#: the young generations after every block (microseconds).
+_FULL_COLLECTION_BLOCKS = 8
 #: The default memory budget of `loo`: one block's log-likelihood and its smoothing.
 DEFAULT_BUDGET = 1 << 30
 _LOG_WEIGHTS_NOTE = (
@@ -172,24 +177,29 @@ def _blocked(
     elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
     starts = list(range(0, n_leading - size, size)) + [n_leading - size]
     workspace = Workspace(size * rest, n_samples)
-    for start in starts:
-        values = block(start).reshape(n_samples, size * rest)
-        # (observations, draws), each observation's draws contiguous, as PSIS reads them.
-        np.copyto(workspace.log_likelihood, values.T)
-        del values
-        result = psis_loo_block(workspace.log_likelihood, reff, workspace)
-        where = slice(start * rest, (start + size) * rest)
-        elpd_i[where], pareto_k[where], lppd_i[where] = (
-            result.elpd_i,
-            result.pareto_k,
-            result.lppd_i,
-        )
+    # The engine computes the next block in a thread while this one is smoothed (numpy and
+    # XLA release the GIL): at most two blocks' log-likelihood are alive at once.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool:
+        pending = pool.submit(block, starts[0])
+        for i, start in enumerate(starts):
+            values = pending.result().reshape(n_samples, size * rest)
+            if i + 1 < len(starts):
+                pending = pool.submit(block, starts[i + 1])
+            # (observations, draws): each observation's draws contiguous, as PSIS reads them.
+            np.copyto(workspace.log_likelihood, values.T)
+            del values
+            result = psis_loo_block(workspace.log_likelihood, reff, workspace)
+            where = slice(start * rest, (start + size) * rest)
+            elpd_i[where] = result.elpd_i
+            pareto_k[where] = result.pareto_k
+            lppd_i[where] = result.lppd_i
+            # Each block's graph and program are cyclic garbage (pytensor's graphs): left
+            # to Python's thresholds, they pile up block after block.
+            gc.collect(1 if (i + 1) % _FULL_COLLECTION_BLOCKS else 2)
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
 
 
-def _block_size(
-    shape: tuple[int, ...], n_samples: int, budget: int, block_size: int | None
-) -> int:
+def _block_size(shape: tuple[int, ...], n_samples: int, budget: int, block_size: int | None) -> int:
     n_leading = shape[0] if shape else 1
     if block_size is not None:
         return min(block_size, n_leading)
@@ -235,7 +245,7 @@ class _LogpBlocks:
             in2out(rewrite).rewrite(fgraph)
         self.inputs = list(fgraph.inputs[: len(roots)])
         self.input_names = [v.name for v in roots]
-        self.logp = fgraph.outputs[0]
+        self.logp: Any = fgraph.outputs[0]
         self.shape = self._shape(umodel, first_draw)
         self._checked = False
 
@@ -314,12 +324,13 @@ def _lift_slices(fgraph: Any) -> None:
     of `x[indices]` (a parameter indexed by group) is `x[indices[slice]]`, whose constant
     indices fold to the block's."""
     from pytensor.graph.rewriting.basic import in2out, node_rewriter
-    from pytensor.tensor.rewriting.basic import constant_folding
     from pytensor.tensor import subtensor
+    from pytensor.tensor.rewriting.basic import constant_folding
 
     # pytensor 2 takes `x[indices]` with AdvancedSubtensor1, pytensor 3 with AdvancedSubtensor.
     takes = tuple(
-        getattr(subtensor, op) for op in ("AdvancedSubtensor1", "AdvancedSubtensor")
+        getattr(subtensor, op)
+        for op in ("AdvancedSubtensor1", "AdvancedSubtensor")
         if hasattr(subtensor, op)
     )
 
@@ -400,7 +411,9 @@ def _reff(posterior: Any, n_samples: int, generation: int) -> float:
 
         ess_p = ess(posterior, method="mean")
     else:
-        import arviz_stats  # noqa: F401 (registers the `azstats` accessor)
+        import importlib
+
+        importlib.import_module("arviz_stats")  # registers the `azstats` accessor
 
         ess_p = posterior.azstats.ess(method="mean")
     values = [ess_p[v].values.flatten() for v in ess_p.data_vars]
@@ -408,11 +421,10 @@ def _reff(posterior: Any, n_samples: int, generation: int) -> float:
 
 
 def _pointwise_default(generation: int) -> bool:
-    if generation == 0:
-        from arviz import rcParams
-    else:
-        from arviz_base import rcParams
-    return bool(rcParams["stats.ic_pointwise"])
+    import importlib
+
+    rc_params = importlib.import_module("arviz" if generation == 0 else "arviz_base").rcParams
+    return bool(rc_params["stats.ic_pointwise"])
 
 
 # --- ArviZ's result -------------------------------------------------------------------------
@@ -455,11 +467,15 @@ def _result(
         if pointwise:
             data += [array(loo_i, "loo_i"), array(pareto_k, "pareto_shape")]
             index += ["loo_i", "pareto_k"]
-        result = ELPDData(data=[*data, _scale_name(scale_value), good_k], index=index + ["scale", "good_k"])
+        result = ELPDData(
+            data=[*data, _scale_name(scale_value), good_k], index=index + ["scale", "good_k"]
+        )
         result.attrs["log_weights"] = _LOG_WEIGHTS_NOTE
         return result
-    from arviz_stats.utils import ELPDDataLOO
+    import importlib
 
+    # arviz-stats' result type, imported by name (ArviZ 0.x has no arviz_stats).
+    ELPDDataLOO = importlib.import_module("arviz_stats.utils").ELPDDataLOO  # noqa: N806
     result = ELPDDataLOO(
         elpd=elpd,
         se=se,
@@ -565,8 +581,10 @@ def numpyro_loo(
         dataset = xarray.Dataset(
             {
                 k: (("chain", "draw", *(f"{k}_dim_{i}" for i in range(np.ndim(v) - 2))), v)
-                for k, v in ((k, np.asarray(v).reshape((chains, n_draws, *np.shape(v)[batch_ndims:])))
-                             for k, v in posterior_samples.items())
+                for k, v in (
+                    (k, np.asarray(v).reshape((chains, n_draws, *np.shape(v)[batch_ndims:])))
+                    for k, v in posterior_samples.items()
+                )
             }
         )
         reff = _reff(dataset, n_samples, generation)

@@ -247,8 +247,10 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     x -= _logsumexp_rows(x, out=work.scratch)[:, None]
     irregular = np.flatnonzero(~regular)
     if irregular.size:
-        from arviz_stats.base import array_stats
+        import importlib
 
+        # arviz-stats' own per-observation function (imported by name: ArviZ 0.x has none).
+        array_stats = importlib.import_module("arviz_stats.base").array_stats
         for row in irregular:  # ties at the cutoff: arviz-stats' own function
             x[row], k[row] = array_stats._psislw(log_likelihood[row], reff)
     x += log_likelihood
@@ -259,8 +261,6 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
 
 def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """arviz-stats' `_gpdfit` (unweighted) of every row of `ary` (sorted rows)."""
-    from scipy.special import logsumexp
-
     n_rows, n = ary.shape
     m_est = 30 + int(n**0.5)
     xstar = ary[:, int((n / 4 + 0.5) - 1)]  # first quartile of each row
@@ -272,7 +272,7 @@ def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for j in range(m_est):
         k_ary[:, j] = np.mean(np.log1p(-b_ary[:, j : j + 1] * ary), axis=1)
     len_scale = n * (np.log(-b_ary / k_ary) - k_ary - 1)
-    w_theta = np.exp(len_scale - logsumexp(len_scale, axis=1, keepdims=True))
+    w_theta = np.exp(len_scale - _logsumexp_rows(len_scale)[:, None])
     w_theta[w_theta < 10 * _EPS] = 0.0
     w_theta /= w_theta.sum(axis=1, keepdims=True)
     b_post = np.sum(b_ary * w_theta, axis=1)
@@ -312,10 +312,14 @@ def _logsumexp_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return np.log(scratch.sum(axis=1)) + shift
 
 
-_GENERATIONS: dict[int, Callable[[np.ndarray, float, Workspace], BlockResult]] = {0: _loo_v0, 1: _loo_v1}
+_GENERATIONS: dict[int, Callable[[np.ndarray, float, Workspace], BlockResult]] = {
+    0: _loo_v0,
+    1: _loo_v1,
+}
 
 
 def tail_rows_bytes(n_samples: int) -> int:
-    """Bytes one observation takes while its block is smoothed: the block's row and about
-    five rows of temporaries (shifted weights, partition indices, exponentials)."""
+    """Bytes one observation takes beside its log-likelihood row while blocks are computed
+    and smoothed: the next block's row (computed meanwhile), the workspace's three rows and
+    its mask, and the tail's fit."""
     return 5 * 8 * n_samples + 8 * 64 * math.isqrt(max(n_samples, 1))
