@@ -36,9 +36,6 @@ from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_ro
 
 __all__ = ["loo"]
 
-#: Every this many blocks a full garbage collection (0.1-0.5 s with pymc and JAX loaded);
-#: the young generations after every block (microseconds).
-_FULL_COLLECTION_BLOCKS = 8
 #: The default memory budget of `loo`: one block's log-likelihood and its smoothing.
 DEFAULT_BUDGET = 1 << 30
 _LOG_WEIGHTS_NOTE = (
@@ -180,11 +177,11 @@ def _blocked(
     # The engine computes the next block in a thread while this one is smoothed (numpy and
     # XLA release the GIL): at most two blocks' log-likelihood are alive at once.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool:
-        pending = pool.submit(block, starts[0])
+        pending = pool.submit(_collected, block, starts[0])
         for i, start in enumerate(starts):
             values = pending.result().reshape(n_samples, size * rest)
             if i + 1 < len(starts):
-                pending = pool.submit(block, starts[i + 1])
+                pending = pool.submit(_collected, block, starts[i + 1])
             # (observations, draws): each observation's draws contiguous, as PSIS reads them.
             np.copyto(workspace.log_likelihood, values.T)
             del values
@@ -193,10 +190,16 @@ def _blocked(
             elpd_i[where] = result.elpd_i
             pareto_k[where] = result.pareto_k
             lppd_i[where] = result.lppd_i
-            # Each block's graph and program are cyclic garbage (pytensor's graphs): left
-            # to Python's thresholds, they pile up block after block.
-            gc.collect(1 if (i + 1) % _FULL_COLLECTION_BLOCKS else 2)
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
+
+
+def _collected(block: Callable[[int], np.ndarray], start: int) -> np.ndarray:
+    """`block(start)` after a full garbage collection: each block's graph and program are
+    cyclic garbage (pytensor's graphs), which Python's thresholds let pile up block after
+    block. In the worker thread, while the main thread smooths the block before (numpy
+    releases the GIL), the collection (0.1-0.5 s with pymc and JAX loaded) costs little."""
+    gc.collect()
+    return block(start)
 
 
 def _block_size(shape: tuple[int, ...], n_samples: int, budget: int, block_size: int | None) -> int:
