@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -142,7 +143,7 @@ def main() -> None:
         "python": platform.python_version(),
         "versions": {"pymc": pymc.__version__, "jax": jax.__version__, "arviz": arviz.__version__},
         "machine": platform.machine(),
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
         "chains": CHAINS,
         "draws": DRAWS,
         "cells": cells,
@@ -158,8 +159,30 @@ def main() -> None:
                 f"{rows} rows: {speedup:.2f}x faster cold ({cpu_speedup:.2f}x in CPU time); elpd "
                 f"{by['ours']['elpd']:.6f} vs {by['anchor']['elpd']:.6f}"
             )
+    record["header"] = (
+        f"Python {platform.python_version()}, pymc {pymc.__version__}, jax {jax.__version__}, "
+        f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; hierarchical regression, "
+        f"{CHAINS} x {DRAWS} draws; each cell cold in a fresh process. Ours: "
+        "`pymc_chunkpost.loo`; anchor: `pm.compute_log_likelihood` + ArviZ's `loo`."
+    )
+    record["table"] = table(cells)
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def table(cells: list[dict]) -> str:
+    """The record's cells as the results page's markdown table."""
+    lines = [
+        "| rows | method | seconds | CPU seconds | peak RSS above start (GiB) | elpd_loo |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for cell in cells:
+        lines.append(
+            f"| {cell['rows']:,} | {cell['method']} | {cell['seconds']:.2f} | "
+            f"{cell['cpu_seconds']:.2f} | {cell['peak_rss_above_start'] / 2**30:.2f} | "
+            f"{cell['elpd']:.6f} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

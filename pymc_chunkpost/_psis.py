@@ -166,7 +166,10 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
             # most its cutoff, itself at most 0.
             smoothed[smoothed > 0] = 0
             x[rows[:, None], tail_index[rows]] = smoothed
-    x -= logsumexp(x, axis=1, keepdims=True)
+    # ArviZ's own logsumexp, computing in place in the workspace (its `copy=True` would
+    # allocate a block each call).
+    np.copyto(work.scratch, x)
+    x -= logsumexp(work.scratch, axis=1, keepdims=True, copy=False)
     irregular = np.flatnonzero(~regular)
     if irregular.size:
         from arviz.stats.stats import _psislw
@@ -177,7 +180,8 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
             )
     x += log_likelihood  # ArviZ: `log_weights += log_likelihood`
     elpd_i = logsumexp(x, axis=1, copy=False)
-    lppd_i = logsumexp(log_likelihood, b_inv=n_samples, axis=1)
+    np.copyto(work.scratch, log_likelihood)
+    lppd_i = logsumexp(work.scratch, b_inv=n_samples, axis=1, copy=False)
     return BlockResult(elpd_i, k, lppd_i)
 
 
