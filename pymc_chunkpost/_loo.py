@@ -106,6 +106,8 @@ def loo(
     Raises:
         ValueError: before any work: no posterior, an unknown `var_name`, several observed
             variables without `var_name`, draws that do not match the model, bad options.
+        MemoryError: before any work, where one row of the variable's first axis (all its
+            draws) needs more than `memory_budget`.
     """
     import pymc
 
@@ -303,11 +305,10 @@ class _LogpBlocks:
         import jax
 
         n_leading = self.shape[0]
+        if any(d is None for v in self.inputs for d in v.type.shape):
+            return  # a shape unknown statically: no check possible
         args = [jax.ShapeDtypeStruct(tuple(v.type.shape), v.type.dtype) for v in self.inputs]
-        try:
-            jaxpr = jax.make_jaxpr(jax_fn)(*args)
-        except Exception:  # noqa: BLE001 (a shape unknown statically: no check possible)
-            return
+        jaxpr = jax.make_jaxpr(jax_fn)(*args)
         slicing = {"slice", "dynamic_slice", "gather", "squeeze", "reshape"}
         whole = [
             eqn.primitive.name
