@@ -12,7 +12,9 @@ posterior are built, the garbage collected, `VmHWM` reset (`echo 5 > /proc/self/
 and the one call timed cold (graph building, compiling, running); the record keeps its
 seconds, its CPU seconds (all threads; less sensitive than wall time to other processes on
 a shared machine) and its peak RSS above the RSS before the call. `--methods ours` runs ours alone
-(for sizes whose matrix does not fit the machine).
+(for sizes whose matrix does not fit the machine); `--check-subset K` then compares ours at K
+random observations with ArviZ's `loo` on their log-likelihood alone (the model of those
+observations, same posterior), recording the largest differences of elpd_i and k.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from _cell import run_child  # noqa: E402
 CHAINS, DRAWS, GROUPS = 4, 1000, 40
 
 
-def build(rows: int):
-    """The model and its posterior as inference data (pymc 6: DataTree; 5: InferenceData)."""
+def build(rows: int, subset=None):
+    """The model and its posterior as inference data (pymc 6: DataTree; 5: InferenceData);
+    with `subset` (observation indices), the model of those observations alone, with the
+    same posterior: its log-likelihood is the full model's at those columns."""
     import numpy as np
     import pymc as pm
 
@@ -41,7 +45,9 @@ def build(rows: int):
     x, group = rng.normal(size=(rows, 3)), rng.integers(0, GROUPS, rows)
     a_true = rng.normal(0, 1, GROUPS)
     y = a_true[group] + x @ np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1, rows)
-    with pm.Model(coords={"obs": range(rows)}) as model:
+    if subset is not None:
+        x, group, y = x[subset], group[subset], y[subset]
+    with pm.Model(coords={"obs": range(len(y))}) as model:
         data, groups = pm.Data("x", x), pm.Data("group", group)
         a = pm.Normal("a", shape=GROUPS)
         b = pm.Normal("b", shape=3)
@@ -71,7 +77,39 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
-def child(rows: int, method: str) -> dict:
+def check_subset(rows: int, result, n_subset: int) -> dict:
+    """ArviZ's `loo` on `n_subset` random observations' log-likelihood (from the model of
+    those observations, same posterior) against ours at those observations: the largest
+    differences of elpd_i and Pareto k."""
+    import warnings
+
+    import arviz
+    import numpy as np
+    import pymc as pm
+
+    subset = np.sort(np.random.default_rng(1).choice(rows, n_subset, replace=False))
+    model, idata = build(rows, subset)
+    pm.compute_log_likelihood(idata, model=model, progressbar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if arviz.__version__.startswith("0."):
+            theirs = arviz.loo(idata, pointwise=True)
+            ours_i, theirs_i = result.loo_i.values[subset], theirs.loo_i.values
+        else:
+            from arviz_stats import loo
+
+            theirs = loo(idata, pointwise=True)
+            ours_i, theirs_i = result.elpd_i.values[subset], theirs.elpd_i.values
+    return {
+        "subset": n_subset,
+        "elpd_i_max_abs_diff": float(np.max(np.abs(ours_i - theirs_i))),
+        "pareto_k_max_abs_diff": float(
+            np.max(np.abs(result.pareto_k.values[subset] - theirs.pareto_k.values))
+        ),
+    }
+
+
+def child(rows: int, method: str, n_subset: int = 0) -> dict:
     import gc
     import warnings
 
@@ -93,7 +131,7 @@ def child(rows: int, method: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if method == "ours":
-            result = pymc_chunkpost.loo(idata, model, progressbar=False)
+            result = pymc_chunkpost.loo(idata, model, pointwise=bool(n_subset), progressbar=False)
         else:
             import pymc as pm
 
@@ -107,7 +145,8 @@ def child(rows: int, method: str) -> dict:
     seconds, cpu_seconds = time.perf_counter() - tic, time.process_time() - cpu
     peak = _status("VmHWM") - start
     elpd = float(result.elpd_loo if generation == 0 else result.elpd)
-    return {
+    checked = check_subset(rows, result, n_subset) if n_subset and method == "ours" else {}
+    return checked | {
         "rows": rows,
         "method": method,
         "seconds": seconds,
@@ -122,10 +161,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[20000])
     parser.add_argument("--methods", nargs="+", default=["ours", "anchor"])
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--child", nargs=2, metavar=("ROWS", "METHOD"))
+    parser.add_argument(
+        "--check-subset",
+        type=int,
+        default=0,
+        help="after ours, compare its elpd_i and k at this many random observations with "
+        "ArviZ's loo on their log-likelihood alone",
+    )
+    parser.add_argument("--child", nargs=3, metavar=("ROWS", "METHOD", "SUBSET"))
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.child[0]), args.child[1])))
+        print(json.dumps(child(int(args.child[0]), args.child[1], int(args.child[2]))))
         return
     import arviz
     import jax
@@ -134,7 +180,7 @@ def main() -> None:
     cells = []
     for rows in args.rows:
         for method in args.methods:
-            cell = run_child(__file__, ["--child", str(rows), method])
+            cell = run_child(__file__, ["--child", str(rows), method, str(args.check_subset)])
             print(json.dumps(cell), flush=True)
             cells.append(cell)
     record = {
