@@ -305,7 +305,8 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
 # --- numpyro ------------------------------------------------------------------------------
 
 
-def test_numpyro_equals_arviz():
+@pytest.mark.parametrize("batch_ndims", [1, 2])
+def test_numpyro_equals_arviz(batch_ndims):
     numpyro = pytest.importorskip("numpyro")
     import jax.numpy as jnp
     import numpyro.distributions as dist
@@ -325,13 +326,22 @@ def test_numpyro_equals_arviz():
         "b": jnp.asarray(rng.normal(0, 0.1, (CHAINS, DRAWS))),
         "s": jnp.asarray(rng.gamma(50, 1 / 50, (CHAINS, DRAWS))),
     }
-    ll = log_likelihood(model, samples, x, y, batch_ndims=2)
+    if batch_ndims == 1:  # one chain of all draws: ArviZ's reff is 1
+        samples = {k: v.reshape(-1) for k, v in samples.items()}
+    ll = log_likelihood(model, samples, x, y, batch_ndims=batch_ndims)
+
+    def chains(v):
+        v = np.asarray(v)
+        return v[None] if batch_ndims == 1 else v
+
     reference = _arviz_loo(
-        _idata({k: np.asarray(v) for k, v in samples.items()}, {"y": np.asarray(ll["y"])})
+        _idata({k: chains(v) for k, v in samples.items()}, {"y": chains(ll["y"])})
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours = ours_numpyro.loo(model, samples, x, y, batch_ndims=2, pointwise=True, block_size=70)
+        ours = ours_numpyro.loo(
+            model, samples, x, y, batch_ndims=batch_ndims, pointwise=True, block_size=70
+        )
     _assert_same(ours, reference)
 
 
