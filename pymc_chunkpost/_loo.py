@@ -92,8 +92,8 @@ def loo(
         postprocessing_vectorize: the engine's strategy for each block (see
             `postprocess_samples`).
         memory_budget: bytes for one block: its log-likelihood on the device and its
-            smoothing on the host (about 7 x 8 bytes per draw and observation). Default
-            1 GiB. Smaller budgets mean more blocks: more compiles, same numbers.
+            smoothing on the host (about 6 x 8 bytes per draw and observation; the engine
+            may take 2 x 8 of them). Default 1 GiB. Smaller budgets mean more blocks: more compiles, same numbers.
         block_size: observations (along the variable's first axis) per block, instead of
             sizing it from `memory_budget`.
         progressbar: show the engine's progress bar within each block.
@@ -132,6 +132,10 @@ def loo(
     arrays = [draws.arrays[n] for n in graph.input_names]
     budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
     size = _block_size(graph.shape, n_samples, budget, block_size)
+    # The engine's share of an explicit budget: the block's log-likelihood and as much again
+    # for its temporaries (the rest is the smoothing's workspace and the next block).
+    rest = math.prod(graph.shape[1:]) if graph.shape else 1
+    engine_budget = None if memory_budget is None else 2 * 8 * n_samples * size * rest
 
     def block(start: int) -> np.ndarray:
         jax_fn = graph.block_function(start, size)
@@ -141,7 +145,7 @@ def loo(
             postprocessing_backend,
             postprocessing_vectorize,
             False,
-            memory_budget=memory_budget,
+            memory_budget=engine_budget,
             progressbar=progressbar,
             progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
         )
