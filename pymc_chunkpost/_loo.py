@@ -93,7 +93,8 @@ def loo(
             `postprocess_samples`).
         memory_budget: bytes for one block: its log-likelihood on the device and its
             smoothing on the host (about 6 x 8 bytes per draw and observation; the engine
-            may take 2 x 8 of them). Default 1 GiB. Smaller budgets mean more blocks: more compiles, same numbers.
+            may take 2 x 8 of them). Default 1 GiB. Smaller budgets mean more blocks:
+            more compiles, same numbers.
         block_size: observations (along the variable's first axis) per block, instead of
             sizing it from `memory_budget`.
         progressbar: show the engine's progress bar within each block.
