@@ -504,6 +504,7 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     posthoc_section,
     host_output_section,
     table_section("bench_predictive", "Posterior predictive"),
+    table_section("bench_loo", "PSIS-LOO"),
     table_section("bench_numpyro", "NumPyro models"),
     table_section("bench_sample_route", "pm.sample's own route, run again (parallel chains)"),
     table_section(

@@ -4,6 +4,7 @@ from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
 from ._config import configured as configured
 from ._entry import postprocess_samples_with_plan as postprocess_samples_with_plan
+from ._loo import loo as loo
 from ._memory import configure_memory as configure_memory
 from ._options import MATMUL_PRECISIONS as MATMUL_PRECISIONS
 from ._patch import is_patched as is_patched

@@ -49,6 +49,11 @@ _CACHE_PER_MODEL = 8  # jaxified graphs kept per model (each holds its compiled 
 # Weakly keyed on the model: a model that is gone takes its graphs, and their compiled
 # executables, with it; `clear_caches` empties it.
 _GRAPHS = FunctionCache(per_function=_CACHE_PER_MODEL)
+#: Added to the log-likelihood's `MemoryError`: model comparison needs no matrix.
+_LOO_HINT = (
+    "For PSIS-LOO-CV, `pymc_chunkpost.loo(idata, model)` computes ArviZ's `loo` without "
+    "the draws x observations matrix, in blocks within a memory budget."
+)
 #: The `compile_kwargs` this route honours: a JAX `mode`.
 _NEUTRAL_COMPILE_KWARGS = frozenset({"mode"})
 
@@ -292,7 +297,12 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     graph = _graph(model, key, build)
     if isinstance(graph, str):
         return fall_back(name, Fallback(graph, logging.WARNING), original, idata, **pymc_args)
-    values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
+    try:
+        values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
+    except MemoryError as error:
+        if kind != "likelihood":
+            raise
+        raise MemoryError(f"{error} {_LOO_HINT}") from error
     result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
         return result

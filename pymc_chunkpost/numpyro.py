@@ -12,6 +12,7 @@ from ._extras import require as _require
 
 _require("numpyro", extra="numpyro")
 
+from ._loo import numpyro_loo as loo  # noqa: E402
 from ._numpyro import Predictive as Predictive  # noqa: E402
 from ._numpyro import log_likelihood as log_likelihood  # noqa: E402
 from ._numpyro_patch import is_patched as is_patched  # noqa: E402
@@ -19,4 +20,4 @@ from ._numpyro_patch import patch as patch  # noqa: E402
 from ._numpyro_patch import patched as patched  # noqa: E402
 from ._numpyro_patch import unpatch as unpatch  # noqa: E402
 
-__all__ = ["Predictive", "is_patched", "log_likelihood", "patch", "patched", "unpatch"]
+__all__ = ["Predictive", "is_patched", "log_likelihood", "loo", "patch", "patched", "unpatch"]

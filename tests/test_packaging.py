@@ -87,12 +87,15 @@ def test_version_comes_from_the_metadata():
 #: (docs/architecture.md). Modules of one layer may import each other, without cycles.
 LAYERS = [
     ("face", {"__init__", "cli", "profiling", "numpyro"}),
-    ("routes", {"_patch", "_posthoc", "_predictive", "_numpyro", "_numpyro_patch", "_route"}),
+    (
+        "routes",
+        {"_patch", "_posthoc", "_loo", "_predictive", "_numpyro", "_numpyro_patch", "_route"},
+    ),
     ("graph", {"_graph", "_samplers", "_pymc_model"}),
     ("entry", {"_entry", "_postprocess", "_options"}),
     ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
     ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),
-    ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval"}),
+    ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval", "_psis"}),
     ("data", {"_problem", "_types"}),
     ("shared", {"_cache", "_disk", "_memory", "_progress", "_config", "_compat", "_messages"}),
     ("leaves", {"_version", "_extras"}),

@@ -1,0 +1,235 @@
+"""`pymc_chunkpost.loo` against `pm.compute_log_likelihood` + ArviZ's `loo`, each cell in a
+fresh process.
+
+    python benchmarks/bench_loo.py --rows 20000 --json benchmarks/results/bench_loo_run1_py312.json
+
+The model is issue 59's: a hierarchical regression (40 groups, 3 features, `pm.Data`) with
+`--rows` observations, and a seeded 4 x 1000-draw posterior (no sampling). Methods: `ours`
+(`pymc_chunkpost.loo`, defaults: 1 GiB blocks) and `anchor` (`pm.compute_log_likelihood`,
+pymc's own with its default backend, then the installed ArviZ's `loo`: `arviz.loo` on 0.x,
+`arviz_stats.loo` on 1.x). Each (rows, method) runs in a fresh Python process: the model and
+posterior are built, the garbage collected, `VmHWM` reset (`echo 5 > /proc/self/clear_refs`),
+and the one call timed cold (graph building, compiling, running); the record keeps its
+seconds, its CPU seconds (all threads; less sensitive than wall time to other processes on
+a shared machine) and its peak RSS above the RSS before the call. `--methods ours` runs ours alone
+(for sizes whose matrix does not fit the machine); `--check-subset K` then compares ours at K
+random observations with ArviZ's `loo` on their log-likelihood alone (the model of those
+observations, same posterior), recording the largest differences of elpd_i and k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this one
+from _cell import run_child  # noqa: E402
+
+CHAINS, DRAWS, GROUPS = 4, 1000, 40
+
+
+def build(rows: int, subset=None):
+    """The model and its posterior as inference data (pymc 6: DataTree; 5: InferenceData);
+    with `subset` (observation indices), the model of those observations alone, with the
+    same posterior: its log-likelihood is the full model's at those columns."""
+    import numpy as np
+    import pymc as pm
+
+    rng = np.random.default_rng(0)
+    x, group = rng.normal(size=(rows, 3)), rng.integers(0, GROUPS, rows)
+    a_true = rng.normal(0, 1, GROUPS)
+    y = a_true[group] + x @ np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1, rows)
+    if subset is not None:
+        x, group, y = x[subset], group[subset], y[subset]
+    with pm.Model(coords={"obs": range(len(y))}) as model:
+        data, groups = pm.Data("x", x), pm.Data("group", group)
+        a = pm.Normal("a", shape=GROUPS)
+        b = pm.Normal("b", shape=3)
+        sigma = pm.HalfNormal("sigma")
+        pm.Normal("y", a[groups] + data @ b, sigma, observed=y, dims="obs")
+    scale = 1 / np.sqrt(rows / GROUPS)
+    posterior = {
+        "a": a_true + rng.normal(0, scale, (CHAINS, DRAWS, GROUPS)),
+        "b": np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1 / np.sqrt(rows), (CHAINS, DRAWS, 3)),
+        "sigma": np.abs(1 + rng.normal(0, 1 / np.sqrt(2 * rows), (CHAINS, DRAWS))),
+    }
+    import arviz
+
+    if arviz.__version__.startswith("0."):
+        idata = arviz.from_dict(posterior=posterior)
+    else:
+        from arviz_base import from_dict
+
+        idata = from_dict({"posterior": posterior})
+    return model, idata
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def check_subset(rows: int, result, n_subset: int) -> dict:
+    """ArviZ's `loo` on `n_subset` random observations' log-likelihood (from the model of
+    those observations, same posterior) against ours at those observations: the largest
+    differences of elpd_i and Pareto k."""
+    import warnings
+
+    import arviz
+    import numpy as np
+    import pymc as pm
+
+    subset = np.sort(np.random.default_rng(1).choice(rows, n_subset, replace=False))
+    model, idata = build(rows, subset)
+    pm.compute_log_likelihood(idata, model=model, progressbar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if arviz.__version__.startswith("0."):
+            theirs = arviz.loo(idata, pointwise=True)
+            ours_i, theirs_i = result.loo_i.values[subset], theirs.loo_i.values
+        else:
+            from arviz_stats import loo
+
+            theirs = loo(idata, pointwise=True)
+            ours_i, theirs_i = result.elpd_i.values[subset], theirs.elpd_i.values
+    return {
+        "subset": n_subset,
+        "elpd_i_max_abs_diff": float(np.max(np.abs(ours_i - theirs_i))),
+        "pareto_k_max_abs_diff": float(
+            np.max(np.abs(result.pareto_k.values[subset] - theirs.pareto_k.values))
+        ),
+    }
+
+
+def child(rows: int, method: str, n_subset: int = 0) -> dict:
+    import gc
+    import warnings
+
+    import arviz
+
+    model, idata = build(rows)
+    generation = 0 if arviz.__version__.startswith("0.") else 1
+    # Both libraries imported before the clock: the cold call is graph building,
+    # compiling and running, not imports.
+    sys.path.insert(0, str(ROOT))
+    import pymc_chunkpost
+
+    if generation == 1:
+        import arviz_stats  # noqa: F401
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status("VmRSS")
+    tic, cpu = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "ours":
+            result = pymc_chunkpost.loo(idata, model, pointwise=bool(n_subset), progressbar=False)
+        else:
+            import pymc as pm
+
+            pm.compute_log_likelihood(idata, model=model, progressbar=False)
+            if generation == 0:
+                result = arviz.loo(idata)
+            else:
+                from arviz_stats import loo
+
+                result = loo(idata)
+    seconds, cpu_seconds = time.perf_counter() - tic, time.process_time() - cpu
+    peak = _status("VmHWM") - start
+    elpd = float(result.elpd_loo if generation == 0 else result.elpd)
+    checked = check_subset(rows, result, n_subset) if n_subset and method == "ours" else {}
+    return checked | {
+        "rows": rows,
+        "method": method,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "peak_rss_above_start": peak,
+        "elpd": elpd,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[20000])
+    parser.add_argument("--methods", nargs="+", default=["ours", "anchor"])
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--check-subset",
+        type=int,
+        default=0,
+        help="after ours, compare its elpd_i and k at this many random observations with "
+        "ArviZ's loo on their log-likelihood alone",
+    )
+    parser.add_argument("--child", nargs=3, metavar=("ROWS", "METHOD", "SUBSET"))
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1], int(args.child[2]))))
+        return
+    import arviz
+    import jax
+    import pymc
+
+    cells = []
+    for rows in args.rows:
+        for method in args.methods:
+            cell = run_child(__file__, ["--child", str(rows), method, str(args.check_subset)])
+            print(json.dumps(cell), flush=True)
+            cells.append(cell)
+    record = {
+        "script": "benchmarks/bench_loo.py",
+        "command": " ".join(sys.argv),
+        "python": platform.python_version(),
+        "versions": {"pymc": pymc.__version__, "jax": jax.__version__, "arviz": arviz.__version__},
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "chains": CHAINS,
+        "draws": DRAWS,
+        "cells": cells,
+    }
+    for rows in args.rows:
+        by = {c["method"]: c for c in cells if c["rows"] == rows}
+        if {"ours", "anchor"} <= set(by):
+            speedup = by["anchor"]["seconds"] / by["ours"]["seconds"]
+            cpu_speedup = by["anchor"]["cpu_seconds"] / by["ours"]["cpu_seconds"]
+            record.setdefault("speedup_cold", {})[str(rows)] = speedup
+            record.setdefault("cpu_speedup_cold", {})[str(rows)] = cpu_speedup
+            print(
+                f"{rows} rows: {speedup:.2f}x faster cold ({cpu_speedup:.2f}x in CPU time); elpd "
+                f"{by['ours']['elpd']:.6f} vs {by['anchor']['elpd']:.6f}"
+            )
+    record["header"] = (
+        f"Python {platform.python_version()}, pymc {pymc.__version__}, jax {jax.__version__}, "
+        f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; hierarchical regression, "
+        f"{CHAINS} x {DRAWS} draws; each cell cold in a fresh process. Ours: "
+        "`pymc_chunkpost.loo`; anchor: `pm.compute_log_likelihood` + ArviZ's `loo`."
+    )
+    record["table"] = table(cells)
+    if args.json is not None:
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def table(cells: list[dict]) -> str:
+    """The record's cells as the results page's markdown table."""
+    lines = [
+        "| rows | method | seconds | CPU seconds | peak RSS above start (GiB) | elpd_loo |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for cell in cells:
+        lines.append(
+            f"| {cell['rows']:,} | {cell['method']} | {cell['seconds']:.2f} | "
+            f"{cell['cpu_seconds']:.2f} | {cell['peak_rss_above_start'] / 2**30:.2f} | "
+            f"{cell['elpd']:.6f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

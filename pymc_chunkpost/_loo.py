@@ -1,0 +1,640 @@
+"""`loo`: PSIS-LOO-CV without the draws x observations matrix.
+
+ArviZ's `loo` takes the pointwise log-likelihood, draws x observations (at 4,000 draws and
+2.6 million observations, 83 GB in float64). PSIS needs only one observation's column of
+draws at a time, so here the log-likelihood is computed by the engine in blocks of
+observations x all draws, each block is smoothed at once (`_psis`, ArviZ's algorithm
+vectorised) and reduced to per-observation results (elpd_i, Pareto k, lppd_i): memory is
+one block, sized from the budget, plus O(observations) results.
+
+Blocks (pymc): the observed variable's elementwise log-density is sliced along its first
+axis, `logp[start:start + size]`, with `start` a constant of the block, before pytensor's
+rewrites: they lift the slice through elementwise operations and products into the data
+(`local_subtensor_lift`, `local_subtensor_of_dot`; `_lift_slice_of_take` for a parameter
+indexed by group) and fold the data's slices into constants. Every block has the same
+size (the last one overlaps the one before), so every block's program has the same jaxpr,
+its constants aside. Where the rewrites cannot push the slice to the data (checked on the
+block's jaxpr: no operation other than a slice may produce the whole first axis), each
+block computes the whole log-density and keeps its slice: the same numbers, more work,
+said by a warning.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from . import _postprocess
+from ._options import check_options
+from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
+
+__all__ = ["loo"]
+
+#: The default memory budget of `loo`: one block's log-likelihood and its smoothing.
+DEFAULT_BUDGET = 1 << 30
+_LOG_WEIGHTS_NOTE = (
+    "pymc_chunkpost.loo leaves out the smoothed log_weights (draws x observations): they "
+    "are never held in memory. Use ArviZ's loo on the full log-likelihood for them."
+)
+_SCALES = {"log": 1, "negative_log": -1, "deviance": -2}
+_HIGH_K = (
+    "Estimated shape parameter of Pareto distribution is greater than {good_k:.2f} for one "
+    "or more samples. You should consider using a more robust model, this is because "
+    "importance sampling is less likely to work well if the marginal posterior and LOO "
+    "posterior are very different. This is more likely to happen with a non-robust model "
+    "and highly influential observations."
+)
+_SAME_POINTWISE = (
+    "The point-wise LOO is the same with the sum LOO, please double check the Observed RV in "
+    "your model to make sure it returns element-wise logp."
+)
+
+
+def loo(
+    idata: Any,
+    model: Any = None,
+    *,
+    var_name: str | None = None,
+    pointwise: bool | None = None,
+    reff: float | None = None,
+    scale: str | None = None,
+    postprocessing_backend: str | None = None,
+    postprocessing_vectorize: str = "auto",
+    memory_budget: int | float | None = None,
+    block_size: int | None = None,
+    progressbar: bool = False,
+) -> Any:
+    """PSIS-LOO-CV of a PyMC model, as ArviZ's `loo`, without the log-likelihood matrix.
+
+    The numbers of ArviZ's `loo(idata_with_log_likelihood, ...)` (the installed ArviZ's:
+    `arviz.loo` on 0.x, `arviz_stats.loo` on 1.x), computed in blocks of observations x
+    all draws: memory is one block plus O(observations), whatever the number of
+    observations. The smoothed `log_weights` (draws x observations) are left out.
+
+    Args:
+        idata: pymc 6: an `xarray.DataTree`; pymc 5: an `arviz.InferenceData`; with a
+            `posterior` group of `(chain, draw)` holding every free variable.
+        model: the model the draws came from; default the one on the context stack.
+        var_name: the observed variable; needed where the model has several.
+        pointwise: return `loo_i`/`elpd_i` and `pareto_k` (O(observations)); default
+            ArviZ's `stats.ic_pointwise` rcParam. `az.compare` needs them.
+        reff: relative MCMC efficiency; default ArviZ's, from the posterior's mean ESS.
+        scale: ArviZ 0.x's `scale` ("log", "negative_log" or "deviance"); ArviZ 1.x reports
+            on the log scale only.
+        postprocessing_backend: the device that computes the log-likelihood: None (the
+            default device), "cpu" or "gpu". PSIS runs on the host.
+        postprocessing_vectorize: the engine's strategy for each block (see
+            `postprocess_samples`).
+        memory_budget: bytes for one block: its log-likelihood on the device and its
+            smoothing on the host (about 6 x 8 bytes per draw and observation; the engine
+            may take 2 x 8 of them). Default 1 GiB. Smaller budgets mean more blocks:
+            more compiles, same numbers.
+        block_size: observations (along the variable's first axis) per block, instead of
+            sizing it from `memory_budget`.
+        progressbar: show the engine's progress bar within each block.
+
+    Returns:
+        ArviZ's own result: on 0.x an `arviz.ELPDData` (its `attrs["log_weights"]` says
+        they are left out); on 1.x an `arviz_stats` `ELPDDataLOO` with `log_weights=None`
+        (and a `log_weights_note`).
+
+    Raises:
+        ValueError: before any work: no posterior, an unknown `var_name`, several observed
+            variables without `var_name`, draws that do not match the model, bad options.
+        MemoryError: before any work, where one row of the variable's first axis (all its
+            draws) needs more than `memory_budget`.
+    """
+    import pymc
+
+    from ._posthoc import _draws, _posterior
+
+    generation = arviz_generation()
+    scale_value = _scale_value(scale, generation)
+    check_options(postprocessing_vectorize, None, None, memory_budget)
+    _check_block_size(block_size)
+    posterior = _posterior(idata)
+    model = pymc.modelcontext(model)
+    name = _observed_name(model, var_name)
+    dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
+    draws = _draws(dataset, model, ("chain", "draw"), "idata.posterior")
+    if draws is None:
+        raise ValueError("`idata.posterior` has no draws: LOO needs (chain, draw) samples.")
+    chains, n_draws = draws.sample_shape
+    n_samples = chains * n_draws
+    if reff is None:
+        reff = _reff(dataset, n_samples, generation)
+    graph = _LogpBlocks(model, name, [draws.arrays[v.name] for v in model.free_RVs])
+    arrays = [draws.arrays[n] for n in graph.input_names]
+    budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
+    size = _block_size(graph.shape, n_samples, budget, block_size)
+    # The engine's share of an explicit budget: the block's log-likelihood and as much again
+    # for its temporaries (the rest is the smoothing's workspace and the next block).
+    rest = math.prod(graph.shape[1:]) if graph.shape else 1
+    engine_budget = None if memory_budget is None else 2 * 8 * n_samples * size * rest
+
+    def block(start: int) -> np.ndarray:
+        jax_fn = graph.block_function(start, size)
+        outputs, _ = _postprocess.run(
+            jax_fn,
+            arrays,
+            postprocessing_backend,
+            postprocessing_vectorize,
+            False,
+            memory_budget=engine_budget,
+            progressbar=progressbar,
+            progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
+        )
+        return np.asarray(outputs[0], dtype=np.float64)
+
+    elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff)
+    dims, coords = graph.dims_and_coords()
+    return _result(
+        elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, scale_value, generation
+    )
+
+
+# --- blocks -------------------------------------------------------------------------------
+
+
+def _blocked(
+    block: Callable[[int], np.ndarray],
+    shape: tuple[int, ...],
+    size: int,
+    n_samples: int,
+    reff: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-observation results over all blocks, each of `shape`.
+
+    `block(start)` returns the log-likelihood of observations `[start, start + size)` along
+    the first axis of `shape`, as `(chains, draws, size, *shape[1:])`. Every block has the
+    same size: the last one starts at `shape[0] - size` and overlaps the one before, whose
+    results it recomputes identically."""
+    # What exists now is not the blocks' garbage: frozen, the collection before each block
+    # scans only what was made since (0.5-0.7 s a collection with pymc and JAX loaded,
+    # milliseconds frozen). Unfrozen after, for Python's own collections.
+    gc.freeze()
+    try:
+        return _blocks(block, shape, size, n_samples, reff)
+    finally:
+        gc.unfreeze()
+
+
+def _blocks(
+    block: Callable[[int], np.ndarray],
+    shape: tuple[int, ...],
+    size: int,
+    n_samples: int,
+    reff: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n_leading = shape[0] if shape else 1
+    rest = math.prod(shape[1:]) if shape else 1
+    total = n_leading * rest
+    elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
+    starts = list(range(0, n_leading - size, size)) + [n_leading - size]
+    workspace = Workspace(size * rest, n_samples)
+    # The engine computes the next block in a thread while this one is smoothed (numpy and
+    # XLA release the GIL): at most two blocks' log-likelihood are alive at once.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool:
+        pending = pool.submit(_collected, block, starts[0])
+        for i, start in enumerate(starts):
+            values = pending.result().reshape(n_samples, size * rest)
+            if i + 1 < len(starts):
+                pending = pool.submit(_collected, block, starts[i + 1])
+            # (observations, draws): each observation's draws contiguous, as PSIS reads them.
+            np.copyto(workspace.log_likelihood, values.T)
+            del values
+            result = psis_loo_block(workspace.log_likelihood, reff, workspace)
+            where = slice(start * rest, (start + size) * rest)
+            elpd_i[where] = result.elpd_i
+            pareto_k[where] = result.pareto_k
+            lppd_i[where] = result.lppd_i
+    return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
+
+
+def _collected(block: Callable[[int], np.ndarray], start: int) -> np.ndarray:
+    """`block(start)` after a garbage collection: each block's graph and program are cyclic
+    garbage (pytensor's graphs), which Python's thresholds let pile up block after block.
+    In the worker thread, while the main thread smooths the block before."""
+    gc.collect()
+    return block(start)
+
+
+def _block_size(shape: tuple[int, ...], n_samples: int, budget: int, block_size: int | None) -> int:
+    n_leading = shape[0] if shape else 1
+    if block_size is not None:
+        return min(block_size, n_leading)
+    rest = math.prod(shape[1:]) if shape else 1
+    per_leading = rest * (8 * n_samples + tail_rows_bytes(n_samples))
+    if per_leading > budget:
+        raise MemoryError(
+            f"One observation along the first axis ({rest} values x {n_samples} draws) "
+            f"needs about {per_leading / 2**20:.1f} MiB, over `memory_budget` of "
+            f"{budget / 2**20:.1f} MiB. Pass a larger `memory_budget`."
+        )
+    return max(1, min(n_leading, budget // per_leading))
+
+
+class _LogpBlocks:
+    """The observed variable's elementwise log-density, and its blocks as JAX functions."""
+
+    def __init__(self, model: Any, name: str, first_draw: Sequence[np.ndarray]):
+        from pymc.logprob.utils import (
+            local_check_parameter_to_ninf_switch,
+            local_remove_check_parameter,
+        )
+        from pymc.model.transform.conditioning import remove_value_transforms
+        from pytensor import config
+        from pytensor.graph.fg import FunctionGraph
+        from pytensor.graph.rewriting.basic import in2out
+        from pytensor.graph.traversal import graph_inputs
+
+        self.model, self.name = model, name
+        with config.change_flags(traceback__limit=0):
+            umodel = remove_value_transforms(model)
+            roots = list(umodel.value_vars)
+            logp = umodel.logp(vars=[umodel[name]], sum=False)[0]
+            others = [v for v in graph_inputs([logp]) if v.owner is None and v not in roots]
+            fgraph = FunctionGraph([*roots, *others], [logp], clone=True)
+            check_bounds = bool(getattr(model, "check_bounds", True))
+            rewrite = (
+                local_check_parameter_to_ninf_switch
+                if check_bounds
+                else local_remove_check_parameter
+            )
+            # pymc's compile applies this: an invalid parameter gives -inf, as in pymc.
+            in2out(rewrite).rewrite(fgraph)
+        self.inputs = list(fgraph.inputs[: len(roots)])
+        self.input_names = [v.name for v in roots]
+        self.logp: Any = fgraph.outputs[0]
+        self.shape = self._shape(umodel, first_draw)
+        self._checked = False
+
+    def _shape(self, umodel: Any, first_draw: Sequence[np.ndarray]) -> tuple[int, ...]:
+        import pytensor
+
+        by_name = {rv.name: a for rv, a in zip(self.model.free_RVs, first_draw)}
+        values = [by_name[v.name][0, 0] for v in self.inputs]
+        # FAST_COMPILE: the shape graph is tiny; a C compile of it took 1.4 s.
+        shape = pytensor.function(
+            self.inputs, self.logp.shape, on_unused_input="ignore", mode="FAST_COMPILE"
+        )
+        return tuple(int(d) for d in shape(*values))
+
+    def block_function(self, start: int, size: int) -> Callable:
+        """The per-draw JAX function of `logp[start:start + size]`."""
+        from pytensor import config
+
+        from ._graph import funcify, jax_graph
+
+        with config.change_flags(traceback__limit=0):
+            if not self.shape or size == self.shape[0]:
+                output = self.logp
+            else:
+                output = self.logp[start : start + size]
+            fgraph = jax_graph(self.inputs, [output])
+            _lift_slices(fgraph)
+        jax_fn = funcify(fgraph)
+        if not self._checked and self.shape and size < self.shape[0]:
+            self._checked = True
+            self._warn_unless_sliced(jax_fn, size)
+        return jax_fn
+
+    def _warn_unless_sliced(self, jax_fn: Callable, size: int) -> None:
+        """Warn where a block's program computes the whole first axis (see the module)."""
+        import jax
+
+        n_leading = self.shape[0]
+        if any(d is None for v in self.inputs for d in v.type.shape):
+            return  # a shape unknown statically: no check possible
+        args = [jax.ShapeDtypeStruct(tuple(v.type.shape), v.type.dtype) for v in self.inputs]
+        jaxpr = jax.make_jaxpr(jax_fn)(*args)
+        slicing = {"slice", "dynamic_slice", "gather", "squeeze", "reshape"}
+        whole = [
+            eqn.primitive.name
+            for eqn in jaxpr.jaxpr.eqns
+            if eqn.primitive.name not in slicing
+            and any(n_leading in getattr(v.aval, "shape", ()) for v in eqn.outvars)
+        ]
+        if whole and size < n_leading:
+            warnings.warn(
+                f"pymc_chunkpost.loo: the log-likelihood of {self.name!r} could not be "
+                f"sliced to blocks of {size} observations ({whole[0]} computes all "
+                f"{n_leading}): each block computes them all and keeps its slice. Same "
+                "numbers, more work; a larger `memory_budget` means fewer blocks.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def dims_and_coords(self) -> tuple[list[str], dict[str, Any]]:
+        """The log-likelihood's dims and coords, as `pm.compute_log_likelihood` names them."""
+        dims = list(self.model.named_vars_to_dims.get(self.name, ()) or ())
+        if len(dims) != len(self.shape):
+            dims = [f"{self.name}_dim_{i}" for i in range(len(self.shape))]
+        coords = {
+            d: np.asarray(self.model.coords[d])
+            for d in dims
+            if self.model.coords.get(d) is not None
+        }
+        return dims, coords
+
+
+def _lift_slices(fgraph: Any) -> None:
+    """Push slices of the first axis into the data where pytensor's rewrites stop: a slice
+    of `x[indices]` (a parameter indexed by group) is `x[indices[slice]]`, whose constant
+    indices fold to the block's."""
+    from pytensor.graph.rewriting.basic import in2out, node_rewriter
+    from pytensor.tensor import subtensor
+    from pytensor.tensor.rewriting.basic import constant_folding
+
+    # pytensor 2 takes `x[indices]` with AdvancedSubtensor1, pytensor 3 with AdvancedSubtensor.
+    takes = tuple(
+        getattr(subtensor, op)
+        for op in ("AdvancedSubtensor1", "AdvancedSubtensor")
+        if hasattr(subtensor, op)
+    )
+
+    @node_rewriter([subtensor.Subtensor])
+    def _lift_slice_of_take(fgraph, node):
+        source = node.inputs[0]
+        if source.owner is None or not isinstance(source.owner.op, takes):
+            return None
+        index_list = node.op.idx_list
+        if len(index_list) != 1 or not isinstance(index_list[0], slice):
+            return None
+        if len(source.owner.inputs) != 2 or getattr(source.owner.op, "idx_list", (0,)) != (0,):
+            return None  # not `x[indices]` along the first axis alone
+        x, indices = source.owner.inputs
+        if indices.ndim != 1 or indices.dtype.startswith("float") or indices.dtype == "bool":
+            return None
+        (first,) = subtensor.get_idx_list(node.inputs, index_list)
+        return [x[indices[first]]]
+
+    in2out(_lift_slice_of_take, constant_folding).rewrite(fgraph)
+
+
+# --- checks and ArviZ's defaults --------------------------------------------------------------
+
+
+def _observed_name(model: Any, var_name: str | None) -> str:
+    names = [rv.name for rv in model.observed_RVs]
+    if not names:
+        raise ValueError("The model has no observed variables: LOO needs a likelihood.")
+    if var_name is None:
+        if len(names) > 1:
+            raise ValueError(
+                f"The model has several observed variables ({names}): pass `var_name`, one "
+                "of them, as ArviZ's loo asks."
+            )
+        return names[0]
+    if not isinstance(var_name, str) or var_name not in names:
+        raise ValueError(
+            f"`var_name={var_name!r}` is not an observed variable of the model; pass one of "
+            f"{names}."
+        )
+    return var_name
+
+
+def _check_block_size(block_size: Any) -> None:
+    if block_size is None:
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(
+            f"`block_size` must be a positive int, got {block_size!r}. Pass "
+            "`block_size=None` to size blocks from `memory_budget`."
+        )
+
+
+def _scale_value(scale: str | None, generation: int) -> int:
+    if scale is None:
+        if generation == 0:
+            from arviz import rcParams
+
+            scale = rcParams["stats.ic_scale"]
+        else:
+            scale = "log"
+    if not isinstance(scale, str) or scale.lower() not in _SCALES:
+        raise ValueError(f"`scale` must be one of {list(_SCALES)}, got {scale!r}.")
+    if generation == 1 and scale.lower() != "log":
+        raise ValueError(
+            f"`scale={scale!r}`: ArviZ 1.x's loo reports on the log scale only; pass None."
+        )
+    return _SCALES[scale.lower()]
+
+
+def _reff(posterior: Any, n_samples: int, generation: int) -> float:
+    """ArviZ's default `reff`: the posterior's mean ESS over all its values, per draw."""
+    if posterior.sizes["chain"] == 1:
+        return 1.0
+    if generation == 0:
+        from arviz import ess
+
+        ess_p = ess(posterior, method="mean")
+    else:
+        import importlib
+
+        importlib.import_module("arviz_stats")  # registers the `azstats` accessor
+
+        ess_p = posterior.azstats.ess(method="mean")
+    values = [ess_p[v].values.flatten() for v in ess_p.data_vars]
+    return float(np.hstack(values).mean() / n_samples)
+
+
+def _pointwise_default(generation: int) -> bool:
+    import importlib
+
+    rc_params = importlib.import_module("arviz" if generation == 0 else "arviz_base").rcParams
+    return bool(rc_params["stats.ic_pointwise"])
+
+
+# --- ArviZ's result -------------------------------------------------------------------------
+
+
+def _result(
+    elpd_i: np.ndarray,
+    pareto_k: np.ndarray,
+    lppd_i: np.ndarray,
+    n_samples: int,
+    name: str,
+    dims: list[str],
+    coords: dict[str, Any],
+    pointwise: bool | None,
+    scale_value: int,
+    generation: int,
+) -> Any:
+    """ArviZ's LOO result, filled as the installed ArviZ's `loo` fills it."""
+    import xarray
+
+    pointwise = _pointwise_default(generation) if pointwise is None else bool(pointwise)
+    elpd, se, p_loo = summary(elpd_i, lppd_i, generation, scale_value)
+    n_data_points = np.prod(elpd_i.shape) if generation == 0 else int(elpd_i.size)
+    good_k = min(1 - 1 / np.log10(n_samples), 0.7) if n_samples > 1 else 0.7
+    warning = bool(np.any(pareto_k > good_k))
+    if warning:
+        warnings.warn(_HIGH_K.format(good_k=good_k), UserWarning, stacklevel=3)
+    loo_i = scale_value * elpd_i
+    if pointwise and np.equal(elpd, loo_i).all():
+        warnings.warn(_SAME_POINTWISE, UserWarning, stacklevel=3)
+
+    def array(values: np.ndarray, label: str) -> Any:
+        return xarray.DataArray(values, dims=dims, coords=coords, name=label)
+
+    if generation == 0:
+        from arviz import ELPDData
+
+        data: list[Any] = [elpd, se, p_loo, n_samples, n_data_points, warning]
+        index = ["elpd_loo", "se", "p_loo", "n_samples", "n_data_points", "warning"]
+        if pointwise:
+            data += [array(loo_i, "loo_i"), array(pareto_k, "pareto_shape")]
+            index += ["loo_i", "pareto_k"]
+        result = ELPDData(
+            data=[*data, _scale_name(scale_value), good_k], index=index + ["scale", "good_k"]
+        )
+        result.attrs["log_weights"] = _LOG_WEIGHTS_NOTE
+        return result
+    import importlib
+
+    # arviz-stats' result type, imported by name (ArviZ 0.x has no arviz_stats).
+    ELPDDataLOO = importlib.import_module("arviz_stats.utils").ELPDDataLOO  # noqa: N806
+    result = ELPDDataLOO(
+        elpd=elpd,
+        se=se,
+        p=p_loo,
+        n_samples=n_samples,
+        n_data_points=n_data_points,
+        scale="log",
+        warning=warning,
+        good_k=good_k,
+        elpd_i=array(elpd_i, name) if pointwise else None,
+        pareto_k=array(pareto_k, name) if pointwise else None,
+        approx_posterior=False,
+        log_weights=None,
+    )
+    result.log_weights_note = _LOG_WEIGHTS_NOTE
+    return result
+
+
+def _scale_name(scale_value: int) -> str:
+    return {value: key for key, value in _SCALES.items()}[scale_value]
+
+
+# --- numpyro ------------------------------------------------------------------------------
+
+
+def numpyro_loo(
+    model: Callable,
+    posterior_samples: dict[str, Any],
+    *args: Any,
+    batch_ndims: int = 1,
+    var_name: str | None = None,
+    pointwise: bool | None = None,
+    reff: float | None = None,
+    postprocessing_vectorize: str = "auto",
+    memory_budget: int | float | None = None,
+    block_size: int | None = None,
+    progressbar: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """PSIS-LOO-CV of a NumPyro model, as ArviZ's `loo` on `numpyro.infer.log_likelihood`.
+
+    Each block's program computes the site's whole log-density at a draw and keeps the
+    block's observations (NumPyro's data are the model's arguments, which cannot be sliced
+    for it): memory is one block, work grows with the number of blocks. A budget that holds
+    the whole log-likelihood takes one block.
+
+    Args:
+        model: the numpyro model.
+        posterior_samples: site name to draws of shape `batch_shape + site shape`.
+        *args: the model's arguments.
+        batch_ndims: 1 (`(num_samples, ...)`, one chain) or 2 (`(chains, draws, ...)`).
+        var_name: the observed site; needed where the model has several.
+        pointwise: as for `loo`.
+        reff: as for `loo`; default ArviZ's from the posterior draws.
+        postprocessing_vectorize: as for `loo`.
+        memory_budget: as for `loo`.
+        block_size: as for `loo`.
+        progressbar: as for `loo`.
+        **kwargs: the model's keyword arguments.
+
+    Returns:
+        ArviZ's LOO result, as `loo` returns it (log scale).
+
+    Raises:
+        ValueError: bad arguments (no draws, an unknown or missing `var_name`), before the
+            log-likelihood is computed.
+    """
+    import jax
+    import xarray
+
+    from ._numpyro import _as_chains_draws, _batch_shape, _check_callable, _log_likelihood_draw
+
+    generation = arviz_generation()
+    check_options(postprocessing_vectorize, None, None, memory_budget)
+    _check_block_size(block_size)
+    _check_callable(model, "model")
+    if batch_ndims not in (1, 2):
+        raise ValueError(
+            f"`batch_ndims` must be 1 or 2 for LOO, got {batch_ndims!r}: LOO needs draws, "
+            "of shape (num_samples, ...) or (chains, draws, ...)."
+        )
+    batch_shape = _batch_shape(posterior_samples, batch_ndims)
+    if batch_shape is None or math.prod(batch_shape) < 2:
+        raise ValueError("`posterior_samples` has no draws: LOO needs posterior draws.")
+    leaves, tree = jax.tree_util.tree_flatten(posterior_samples)
+    draws = [_as_chains_draws(x, batch_shape) for x in leaves]
+    one = jax.tree_util.tree_unflatten(tree, [np.asarray(d)[0, 0] for d in draws])
+    sites = _log_likelihood_draw(model, one, args, kwargs)
+    names = list(sites)
+    if not names:
+        raise ValueError("The model has no observed sites: LOO needs a likelihood.")
+    if var_name is None and len(names) > 1:
+        raise ValueError(
+            f"The model has several observed sites ({names}): pass `var_name`, one of them."
+        )
+    name = names[0] if var_name is None else var_name
+    if name not in names:
+        raise ValueError(f"`var_name={var_name!r}` is not an observed site; pass one of {names}.")
+    shape = tuple(np.shape(sites[name]))
+    chains, n_draws = draws[0].shape[:2]
+    n_samples = chains * n_draws
+    if reff is None:
+        dataset = xarray.Dataset(
+            {
+                k: (("chain", "draw", *(f"{k}_dim_{i}" for i in range(np.ndim(v) - 2))), v)
+                for k, v in (
+                    (k, np.asarray(v).reshape((chains, n_draws, *np.shape(v)[batch_ndims:])))
+                    for k, v in posterior_samples.items()
+                )
+            }
+        )
+        reff = _reff(dataset, n_samples, generation)
+    budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
+    size = _block_size(shape, n_samples, budget, block_size)
+
+    def block(start: int) -> np.ndarray:
+        def per_draw(*values: Any) -> Any:
+            samples = jax.tree_util.tree_unflatten(tree, values)
+            site = _log_likelihood_draw(model, samples, args, kwargs)[name]
+            # The engine maps a function of a list of outputs.
+            return [site if not shape or size == shape[0] else site[start : start + size]]
+
+        outputs, _ = _postprocess.run(
+            per_draw,
+            draws,
+            None,
+            postprocessing_vectorize,
+            False,
+            memory_budget=memory_budget,
+            progressbar=progressbar,
+            progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
+        )
+        return np.asarray(outputs[0], dtype=np.float64)
+
+    elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff)
+    dims = [f"{name}_dim_{i}" for i in range(len(shape))]
+    return _result(elpd_i, pareto_k, lppd_i, n_samples, name, dims, {}, pointwise, 1, generation)

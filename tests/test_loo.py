@@ -1,0 +1,353 @@
+"""`loo` and `numpyro.loo`: PSIS-LOO in blocks of observations, against ArviZ's own `loo`.
+
+The reference is the installed ArviZ's `loo` (0.x: `arviz.loo`; 1.x: `arviz_stats.loo`) on
+the full matrix from `pm.compute_log_likelihood` (or numpyro's `log_likelihood`): elpd, se,
+p_loo within 1e-9 relative, elpd_i within 1e-8, Pareto k within 1e-6. Posteriors are seeded
+random draws (no sampling), blocks forced small so that every model runs several.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+xr = pytest.importorskip("xarray")
+pt = pytest.importorskip("pytensor.tensor")
+
+import pymc_chunkpost  # noqa: E402
+from pymc_chunkpost import _loo, _psis  # noqa: E402
+
+GENERATION = _psis.arviz_generation()
+CHAINS, DRAWS = 4, 100
+
+
+# --- ArviZ's side -------------------------------------------------------------------------
+
+
+def _idata(posterior: dict, log_likelihood: dict | None = None):
+    groups = {"posterior": posterior}
+    if log_likelihood is not None:
+        groups["log_likelihood"] = log_likelihood
+    if GENERATION == 0:
+        import arviz as az
+
+        return az.from_dict(**groups)
+    from arviz_base import from_dict
+
+    return from_dict(groups)
+
+
+def _arviz_loo(idata, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if GENERATION == 0:
+            import arviz as az
+
+            return az.loo(idata, pointwise=True, **kwargs)
+        from arviz_stats import loo
+
+        return loo(idata, pointwise=True, **kwargs)
+
+
+def _numbers(result) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+    if GENERATION == 0:
+        pointwise = "loo_i" in result.index
+        elpd, se, p = result.elpd_loo, result.se, result.p_loo
+        elpd_i = result.loo_i if pointwise else None
+        return elpd, se, p, elpd_i, result.pareto_k if pointwise else None
+    else:
+        elpd, se, p, elpd_i = result.elpd, result.se, result.p, result.elpd_i
+    return elpd, se, p, elpd_i, result.pareto_k
+
+
+def _assert_same(ours, reference) -> None:
+    elpd, se, p, elpd_i, k = _numbers(ours)
+    r_elpd, r_se, r_p, r_elpd_i, r_k = _numbers(reference)
+    elpd_i, k, r_elpd_i, r_k = (np.asarray(a) for a in (elpd_i, k, r_elpd_i, r_k))
+    np.testing.assert_allclose([elpd, se, p], [r_elpd, r_se, r_p], rtol=1e-9)
+    assert elpd_i.shape == r_elpd_i.shape
+    np.testing.assert_allclose(elpd_i, r_elpd_i, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(k, r_k, rtol=0, atol=1e-6)
+    assert ours.n_samples == reference.n_samples
+    assert ours.n_data_points == reference.n_data_points
+    assert bool(ours.warning) == bool(reference.warning)
+    assert ours.good_k == reference.good_k
+
+
+def _reference(model, posterior: dict, var_name: str | None = None, **kwargs):
+    idata = _idata(posterior)
+    log_likelihood = pm.compute_log_likelihood(
+        idata, model=model, extend_inferencedata=False, progressbar=False
+    )
+    full = _idata(posterior, {k: log_likelihood[k].values for k in log_likelihood.data_vars})
+    return idata, _arviz_loo(full, var_name=var_name, **kwargs)
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def hierarchical(n: int = 600):
+    """A parameter indexed by group, pm.Data in a product, dims on the observations."""
+    rng = np.random.default_rng(0)
+    x, group = rng.normal(size=(n, 3)), rng.integers(0, 8, n)
+    with pm.Model(coords={"obs": range(n)}) as model:
+        data, groups = pm.Data("x", x), pm.Data("group", group)
+        a = pm.Normal("a", shape=8)
+        b = pm.Normal("b", shape=3)
+        sigma = pm.HalfNormal("sigma")
+        pm.Normal("y", a[groups] + data @ b, sigma, observed=rng.normal(size=n), dims="obs")
+    draws = {
+        "a": rng.normal(0, 0.1, (CHAINS, DRAWS, 8)),
+        "b": rng.normal(0, 0.1, (CHAINS, DRAWS, 3)),
+        "sigma": rng.gamma(40, 1 / 40, (CHAINS, DRAWS)),
+    }
+    return model, draws
+
+
+def multivariate(n: int = 90):
+    """An MvNormal likelihood (one logp per row of 3) and a Student-t with a matrix value."""
+    rng = np.random.default_rng(1)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", shape=3)
+        nu = pm.Gamma("nu", 5, 1)
+        pm.MvNormal("rows", mu, np.eye(3), observed=rng.normal(size=(n, 3)))
+        pm.StudentT("cells", nu=nu, mu=mu, sigma=1.0, observed=rng.standard_t(4, size=(n, 3)))
+    draws = {
+        "mu": rng.normal(0, 0.2, (CHAINS, DRAWS, 3)),
+        "nu": rng.gamma(20, 0.25, (CHAINS, DRAWS)),
+    }
+    return model, draws
+
+
+def cumulative(n: int = 60):
+    """A mean through a cumulative sum: the slice cannot reach the data."""
+    rng = np.random.default_rng(2)
+    with pm.Model() as model:
+        step = pm.Normal("step", 0, 0.1)
+        mu = pt.cumsum(pt.ones(n) * step)
+        pm.Normal("y", mu, 1.0, observed=rng.normal(size=n))
+    return model, {"step": rng.normal(0, 0.05, (CHAINS, DRAWS))}
+
+
+# --- PSIS of a block ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reff", [1.0, 0.55])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_psis_block_equals_arviz(seed, reff):
+    """Heavy tails, ties (rounded values) and a constant column, against ArviZ's `loo`."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    scales = rng.gamma(1.0, 1.0, n)
+    ll = rng.normal(size=(CHAINS, DRAWS, n)) * scales - 3 * rng.exponential(size=(CHAINS, DRAWS, n))
+    ll[..., 3] = np.round(ll[..., 3], 1)
+    ll[..., 4] = np.round(ll[..., 4])
+    reference = _arviz_loo(_idata({"a": rng.normal(size=(CHAINS, DRAWS))}, {"y": ll}), reff=reff)
+    block = np.ascontiguousarray(ll.reshape(CHAINS * DRAWS, n).T)
+    result = _psis.psis_loo_block(block, reff)
+    _, _, _, r_elpd_i, r_k = _numbers(reference)
+    np.testing.assert_allclose(result.elpd_i, r_elpd_i, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(result.pareto_k, r_k, rtol=0, atol=1e-6)
+    elpd, se, p = _psis.summary(result.elpd_i, result.lppd_i, GENERATION)
+    np.testing.assert_allclose([elpd, se, p], _numbers(reference)[:3], rtol=1e-9)
+
+
+# --- pymc ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [None, 45, 250])
+def test_hierarchical_equals_arviz(block_size):
+    model, draws = hierarchical()
+    idata, reference = _reference(model, draws)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the slice reached the data: no warning
+        warnings.filterwarnings("ignore", "Estimated shape parameter")
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=block_size)
+    _assert_same(ours, reference)
+    elpd_i = ours.loo_i if GENERATION == 0 else ours.elpd_i
+    assert elpd_i.dims == ("obs",)
+
+
+@pytest.mark.parametrize("var_name", ["rows", "cells"])
+def test_several_observed_and_multivariate(var_name):
+    model, draws = multivariate()
+    idata, reference = _reference(model, draws, var_name=var_name)
+    ours = pymc_chunkpost.loo(idata, model, var_name=var_name, pointwise=True, block_size=16)
+    _assert_same(ours, reference)
+
+
+def test_unsliceable_graph_warns_and_gives_the_same_numbers():
+    model, draws = cumulative()
+    idata, reference = _reference(model, draws)
+    with pytest.warns(UserWarning, match="could not be sliced"):
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=25)
+    _assert_same(ours, reference)
+
+
+def test_reff_given_and_not_pointwise():
+    model, draws = hierarchical(200)
+    idata, reference = _reference(model, draws, reff=0.8)
+    ours = pymc_chunkpost.loo(idata, model, pointwise=False, reff=0.8, block_size=64)
+    np.testing.assert_allclose(_numbers(ours)[:3], _numbers(reference)[:3], rtol=1e-9)
+    if GENERATION == 0:
+        assert "pareto_k" not in ours.index and "loo_i" not in ours.index
+    else:
+        assert ours.pareto_k is None and ours.elpd_i is None
+
+
+def test_log_weights_left_out_and_said():
+    model, draws = hierarchical(100)
+    ours = pymc_chunkpost.loo(_idata(draws), model, pointwise=True)
+    if GENERATION == 0:
+        assert "log_weights" not in ours.index
+        assert "leaves out" in ours.attrs["log_weights"]
+    else:
+        assert ours.log_weights is None
+        assert "leaves out" in ours.log_weights_note
+
+
+def test_compare_ranks_and_weighs_as_arviz():
+    """Two models of the same observations: `compare` of ours equals `compare` of ArviZ's."""
+    model, draws = hierarchical(300)
+    rng = np.random.default_rng(5)
+    with pm.Model() as plain:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=_observed(model))
+    plain_draws = {"mu": rng.normal(0, 0.05, (CHAINS, DRAWS))}
+    results, references = {}, {}
+    for label, (m, d) in {"hier": (model, draws), "plain": (plain, plain_draws)}.items():
+        idata, references[label] = _reference(m, d)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results[label] = pymc_chunkpost.loo(idata, m, pointwise=True, block_size=100)
+    if GENERATION == 0:
+        import arviz as az
+
+        compare = az.compare
+    else:
+        from arviz_stats import compare
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours, theirs = compare(results), compare(references)
+    assert list(ours.index) == list(theirs.index)
+    np.testing.assert_allclose(
+        ours["weight"].astype(float), theirs["weight"].astype(float), rtol=1e-9
+    )
+    assert list(ours["rank"]) == list(theirs["rank"])
+
+
+def _observed(model) -> np.ndarray:
+    return model.rvs_to_values[model["y"]].data
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+def test_bad_input_raises_before_work():
+    model, draws = multivariate()
+    with pytest.raises(ValueError, match="no `posterior` group"):
+        pymc_chunkpost.loo({"a": 1}, model)
+    idata = _idata(draws)
+    with pytest.raises(ValueError, match="several observed variables"):
+        pymc_chunkpost.loo(idata, model)
+    with pytest.raises(ValueError, match="not an observed variable"):
+        pymc_chunkpost.loo(idata, model, var_name="mu")
+    wrong = _idata({**draws, "mu": draws["mu"][..., :2]})
+    with pytest.raises(ValueError, match="has shape"):
+        pymc_chunkpost.loo(wrong, model, var_name="rows")
+    with pytest.raises(ValueError, match="block_size"):
+        pymc_chunkpost.loo(idata, model, var_name="rows", block_size=0)
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+def test_memory_does_not_grow_with_observations(monkeypatch):
+    """Under a fixed budget, 4x the observations: every block (what is alive besides the
+    O(N) results) has the same size, within the budget, and numpy's peak allocations
+    (tracemalloc sees them; XLA's own buffers it does not) grow by the O(N) results only."""
+    import tracemalloc
+
+    budget = 4 * 2**20
+    seen: list[tuple[int, int]] = []
+    original = _loo.psis_loo_block
+
+    def spy(block, reff, workspace=None):
+        seen.append(block.shape)
+        return original(block, reff, workspace)
+
+    monkeypatch.setattr(_loo, "psis_loo_block", spy)
+    peaks, sizes = {}, {}
+    for n in (400, 1600):
+        model, draws = hierarchical(n)
+        idata = _idata(draws)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if n == 400:  # pymc's and pytensor's first-call caches, outside the measure
+                pymc_chunkpost.loo(idata, model, memory_budget=budget)
+            seen.clear()
+            tracemalloc.start()
+            pymc_chunkpost.loo(idata, model, pointwise=True, memory_budget=budget)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert len(seen) > 1 and len(set(seen)) == 1  # several blocks, all of one size
+        sizes[n] = seen[0][0]
+    assert sizes[400] == sizes[1600] == _loo._block_size((10**6,), CHAINS * DRAWS, budget, None)
+    assert sizes[400] * CHAINS * DRAWS * 8 * 6 <= budget
+    per_observation = 64 * 8  # elpd_i, k, lppd_i, their DataArrays and the model's data
+    assert peaks[1600] - peaks[400] <= 1200 * per_observation + 2**18, peaks
+    assert peaks[400] <= 3 * budget, peaks
+
+
+# --- numpyro ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_ndims", [1, 2])
+def test_numpyro_equals_arviz(batch_ndims):
+    numpyro = pytest.importorskip("numpyro")
+    import jax.numpy as jnp
+    import numpyro.distributions as dist
+    from numpyro.infer import log_likelihood
+
+    import pymc_chunkpost.numpyro as ours_numpyro
+
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(size=300), rng.normal(size=300)
+
+    def model(x, y=None):
+        b = numpyro.sample("b", dist.Normal(0, 1))
+        s = numpyro.sample("s", dist.HalfNormal(1))
+        numpyro.sample("y", dist.Normal(b * x, s), obs=y)
+
+    samples = {
+        "b": jnp.asarray(rng.normal(0, 0.1, (CHAINS, DRAWS))),
+        "s": jnp.asarray(rng.gamma(50, 1 / 50, (CHAINS, DRAWS))),
+    }
+    if batch_ndims == 1:  # one chain of all draws: ArviZ's reff is 1
+        samples = {k: v.reshape(-1) for k, v in samples.items()}
+    ll = log_likelihood(model, samples, x, y, batch_ndims=batch_ndims)
+
+    def chains(v):
+        v = np.asarray(v)
+        return v[None] if batch_ndims == 1 else v
+
+    reference = _arviz_loo(
+        _idata({k: chains(v) for k, v in samples.items()}, {"y": chains(ll["y"])})
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = ours_numpyro.loo(
+            model, samples, x, y, batch_ndims=batch_ndims, pointwise=True, block_size=70
+        )
+    _assert_same(ours, reference)
+
+
+def test_compute_log_likelihood_memory_error_names_loo():
+    model, draws = hierarchical(400)
+    with pytest.raises(MemoryError, match=r"pymc_chunkpost\.loo"):
+        pymc_chunkpost.compute_log_likelihood(
+            _idata(draws), model=model, memory_budget=10_000, progressbar=False
+        )
