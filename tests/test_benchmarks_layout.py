@@ -41,9 +41,12 @@ def test_private_imports_are_found():
 
 
 def test_at_most_14_scripts_and_none_imports_a_private_module():
-    scripts = sorted(BENCHMARKS.glob("*.py"))
+    """A script is what one runs; `_cell.py`, the module the scripts share, is not one, and
+    imports no private module either."""
+    files = sorted(BENCHMARKS.glob("*.py"))
+    scripts = [p for p in files if not p.name.startswith("_")]
     assert len(scripts) <= 14, [p.name for p in scripts]
-    private = {p.name: private_imports(p.read_text()) for p in scripts}
+    private = {p.name: private_imports(p.read_text()) for p in files}
     assert {name: found for name, found in private.items() if found} == {}
 
 
