@@ -69,6 +69,7 @@ def loo(
     memory_budget: int | float | None = None,
     block_size: int | None = None,
     progressbar: bool = False,
+    matmul_precision: str | None = "highest",
 ) -> Any:
     """PSIS-LOO-CV of a PyMC model, as ArviZ's `loo`, without the log-likelihood matrix.
 
@@ -98,6 +99,8 @@ def loo(
         block_size: observations (along the variable's first axis) per block, instead of
             sizing it from `memory_budget`.
         progressbar: show the engine's progress bar within each block.
+        matmul_precision: the precision of float32 products, as in
+            `compute_log_likelihood`: "highest" (default) is float32's own on any device.
 
     Returns:
         ArviZ's own result: on 0.x an `arviz.ELPDData` (its `attrs["log_weights"]` says
@@ -116,7 +119,9 @@ def loo(
 
     generation = arviz_generation()
     scale_value = _scale_value(scale, generation)
-    check_options(postprocessing_vectorize, None, None, memory_budget)
+    check_options(
+        postprocessing_vectorize, None, None, memory_budget, matmul_precision=matmul_precision
+    )
     _check_block_size(block_size)
     posterior = _posterior(idata)
     model = pymc.modelcontext(model)
@@ -149,6 +154,7 @@ def loo(
             memory_budget=engine_budget,
             progressbar=progressbar,
             progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
+            matmul_precision=matmul_precision,
         )
         return np.asarray(outputs[0], dtype=np.float64)
 

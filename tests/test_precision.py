@@ -10,6 +10,8 @@ precision in the per-draw jaxpr the engine compiles.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import models
 import numpy as np
@@ -126,3 +128,13 @@ def test_the_patched_sampler_checks_its_precision_before_sampling():
                 progressbar=False,
                 nuts_sampler_kwargs={"postprocessing_matmul_precision": "fast"},
             )
+
+
+def test_loo_defaults_to_highest(traced):
+    model = models.data_regression(n_obs=50)
+    with model:
+        idata = pm.sample_prior_predictive(draws=40, random_seed=1)
+    with warnings.catch_warnings():  # 40 draws: ArviZ may warn of so few
+        warnings.simplefilter("ignore")
+        pymc_chunkpost.loo(_as_posterior(idata), model)
+    assert traced and all(_precisions(j) == {HIGHEST} for j in traced)
