@@ -2,6 +2,8 @@
 
 from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
+from ._disk_output import StoredOutputs as StoredOutputs
+from ._disk_output import open_outputs as open_outputs
 from ._memory import configure_memory as configure_memory
 from ._patch import is_patched as is_patched
 from ._patch import patch as patch

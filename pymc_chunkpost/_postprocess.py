@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from . import _planner, _resources
+from . import _disk_output, _planner, _resources
 from ._chunked import resolve_chunk_size
 from ._executor import CompileOutOfMemory, execute
-from ._memory import resolve_device
+from ._memory import output_path_setting, resolve_device
 from ._options import CHUNK_STRATEGIES, check_options
 from ._planner import Attempt
 from ._problem import Problem, analyse, locate
 from ._progress import progress_bar
 from ._types import Plan
 
-__all__ = ["postprocess_samples", "plan", "run"]
+__all__ = ["StoreLayout", "postprocess_samples", "plan", "run"]
 
 
 def postprocess_samples(
@@ -41,7 +43,9 @@ def postprocess_samples(
     memory_budget: int | None = None,
     progressbar: bool = False,
     output_memory: str = "auto",
-) -> list[jax.Array]:
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
+) -> list[Any]:
     """Constrain raw NUTS draws and compute deterministics, draw by draw.
 
     A drop-in for `pymc.sampling.jax._postprocess_samples`, with the same positional
@@ -87,11 +91,24 @@ def postprocess_samples(
             in a numpy array in host memory, so the device holds only the draws and two
             chunks (for outputs larger than an accelerator; on a CPU it costs one extra copy
             of every output byte); "auto" (default): "device" when the outputs fit its free
-            memory, else "host" on an accelerator that has host memory (docs/memory.md).
+            memory, else "host" on an accelerator that has host memory, else "disk" where
+            an output path is set (docs/memory.md). "disk": each chunk lands in host memory
+            and a writer thread writes it into a Zarr store at `output_path`, while the
+            device computes the next: host memory holds a few chunks, never the outputs
+            (for outputs larger than host memory; costs the disk's write time, overlapped
+            with compute). Needs zarr (`pip install "pymc-chunkpost[disk]"`).
+        output_path: the folder of the Zarr store for "disk" (and for "auto", which may
+            then choose it); it must be empty or absent, unless `resume`. Defaults to
+            `configure_memory(output_path=...)`'s setting. The outputs are in its group
+            `posterior`, named `output_0`, ...; `open_outputs(path)` reopens it.
+        resume: continue the store at `output_path` that a run of the same outputs did not
+            finish: the chunks it wrote whole are kept, the others computed (the same
+            values as a run never interrupted). A complete store is returned as it is.
 
     Returns:
         One array per output of `jax_fn`, of shape `(chains, draws, ...)`: `jax.Array`s on
-        the draws' devices, or numpy arrays with the outputs in host memory.
+        the draws' devices, numpy arrays with the outputs in host memory, or read-only Zarr
+        arrays backed by the store on disk (slicing one reads that slice alone).
 
     Raises:
         ValueError: bad input, raised before any work; the caller's arrays are untouched.
@@ -110,6 +127,8 @@ def postprocess_samples(
         memory_budget=memory_budget,
         progressbar=progressbar,
         output_memory=output_memory,
+        output_path=output_path,
+        resume=resume,
     )[0]
 
 
@@ -163,6 +182,9 @@ def run(
     memory_budget: float | None = None,
     progressbar: bool = False,
     output_memory: str = "auto",
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
+    store: StoreLayout | None = None,
     progress_label: str = "Transforming variables",
     serial: bool = False,
     random: bool = False,
@@ -170,13 +192,44 @@ def run(
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
     progress bar (each route says what it computes). `serial`: `jax_fn`, mapped, computes
     one draw at a time (`Problem.serial`); `random`: it draws random numbers
-    (`Problem.random`)."""
+    (`Problem.random`). `store`: the names, group, dims and coords of the outputs on disk
+    (by default `posterior/output_<j>`)."""
     strategy = postprocessing_vectorize
-    check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory)
+    if output_path is None:
+        output_path = output_path_setting()
+    check_options(
+        strategy,
+        chunk_size,
+        n_chunks,
+        memory_budget,
+        output_memory,
+        output_path=output_path,
+        resume=resume,
+    )
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
     problem = dataclasses.replace(problem, serial=serial, random=random)
+    disk = output_path is not None and output_memory in ("auto", "disk")
+    stored = None
+    if disk:
+        layout = store or StoreLayout()
+        stored = _disk_output.outputs_for(problem.out_specs, layout.names, layout.group, layout.dims)
+        if output_memory == "disk":  # "auto" checks the place once it has chosen it
+            _disk_output.check_place(
+                output_path, stored, problem.output_bytes, resume=resume, name="output_path"
+            )
+            if resume and _stored_complete(output_path, stored):
+                return _disk_output.stored_arrays(Path(output_path), stored), _planner.stored_plan(
+                    problem
+                )
     one_by_one = _resources.serial_shards(problem)
     if one_by_one is not None:
+        if disk:
+            raise ValueError(
+                "The disk tier streams the draws of one device, or of devices split on the "
+                f"chain axis; these draws must run shard by shard ({one_by_one}). Pass "
+                "`postprocessing_backend='cpu'` with draws on one device, or another "
+                "`output_memory`."
+            )
         return _run_shard_by_shard(
             jax_fn,
             samples,
@@ -204,6 +257,7 @@ def run(
         size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
     attempt: Attempt | None = None
     computed: list[jax.Array] | None = None
+    sink: _disk_output.DiskSink | None = None
     failed_strategy = strategy
     while True:
         try:
@@ -217,13 +271,32 @@ def run(
                     donate=xla_donate,
                     progress=progressbar,
                     output_memory=output_memory,
+                    disk=disk,
                 )
+            if attempt.exe.output_memory == "disk" and sink is None:
+                assert stored is not None and output_path is not None
+                if output_memory != "disk":  # "auto" chose it: the place is checked now
+                    _disk_output.check_place(
+                        output_path, stored, problem.output_bytes, resume=resume, name="output_path"
+                    )
+                sink = _disk_output.create_or_resume(
+                    output_path, stored, resume=resume, coords=(store or StoreLayout()).coords
+                )
+            on_disk = attempt.exe.output_memory == "disk"
             with progress_bar(problem.n_items, progress_label, progressbar):
-                computed = execute(attempt.exe, placed, attempt.tuner)
+                computed = execute(
+                    attempt.exe,
+                    placed,
+                    attempt.tuner,
+                    sink=sink.with_computed(problem.computed) if on_disk and sink else None,
+                )
                 jax.block_until_ready(computed)
             break
-        except (jax.errors.JaxRuntimeError, CompileOutOfMemory) as error:
-            if not _planner.retries(attempt, error):
+        except BaseException as error:
+            retry = isinstance(error, jax.errors.JaxRuntimeError | CompileOutOfMemory)
+            if not retry or not _planner.retries(attempt, error):
+                if sink is not None:  # what was written whole stays marked, for `resume`
+                    sink.abandon()
                 raise
             # Release what the failed attempt still holds (its outputs, here and in the
             # frames it failed in), so that the free memory the planner reads is real.
@@ -246,11 +319,40 @@ def run(
     for i in donate:  # what donation frees, once nothing can fail any more
         if not placed[i].is_deleted():
             placed[i].delete()
+    if sink is not None:  # the store's arrays; the passed-through draws written to it too
+        passed = {j: placed[k] for j, k in enumerate(problem.forwarded) if k is not None}
+        size = int(attempt.exe.chunk_size or problem.n_local)
+        return sink.finish(passed, size), _planner.finished(attempt)
     it = iter(computed)
     outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
     if attempt.exe.output_memory == "host":
         outputs = _from_host(outputs, problem, output_memory)
     return outputs, _planner.finished(attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreLayout:
+    """How a route names its outputs in the disk tier's store.
+
+    Attributes:
+        names: one name per output (None: `output_0`, ...).
+        group: the store's group (an InferenceData group: `posterior`, `log_likelihood`).
+        dims: each output's dims after `("chain", "draw")`, by name (the rest
+            `<name>_dim_<i>`).
+        coords: coordinate values by dim name.
+    """
+
+    names: Sequence[str] | None = None
+    group: str = "posterior"
+    dims: Mapping[str, Sequence[str]] | None = None
+    coords: Mapping[str, Any] | None = None
+
+
+def _stored_complete(path: Any, stored: Sequence[Any]) -> bool:
+    """Whether `path` holds a complete store of `stored` (resumed: nothing to compute)."""
+    if not Path(os.fspath(path)).is_dir() or not any(Path(os.fspath(path)).iterdir()):
+        return False
+    return _disk_output.open_outputs(path).complete
 
 
 def _from_host(outputs: list[Any], problem: Problem, output_memory: str) -> list[Any]:
