@@ -370,7 +370,14 @@ def _host_request(call: _Call, size: int, lanes: int, output_memory: str = "host
     `output_memory="disk"`): nothing donated."""
     width = vector_width(call.problem)
     return Request(
-        "chunked", Loop.HOST, size, (), call.progress, output_memory, lanes=lanes, vector_width=width
+        "chunked",
+        Loop.HOST,
+        size,
+        (),
+        call.progress,
+        output_memory,
+        lanes=lanes,
+        vector_width=width,
     )
 
 

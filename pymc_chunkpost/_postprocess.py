@@ -212,15 +212,17 @@ def run(
     stored = None
     if disk:
         layout = store or StoreLayout()
-        stored = _disk_output.outputs_for(problem.out_specs, layout.names, layout.group, layout.dims)
+        stored = _disk_output.outputs_for(
+            problem.out_specs, layout.names, layout.group, layout.dims
+        )
         if output_memory == "disk":  # "auto" checks the place once it has chosen it
             _disk_output.check_place(
                 output_path, stored, problem.output_bytes, resume=resume, name="output_path"
             )
+            assert output_path is not None  # `check_options` refuses "disk" without one
             if resume and _stored_complete(output_path, stored):
-                return _disk_output.stored_arrays(Path(output_path), stored), _planner.stored_plan(
-                    problem
-                )
+                arrays = _disk_output.stored_arrays(Path(os.fspath(output_path)), stored)
+                return arrays, _planner.stored_plan(problem)
     one_by_one = _resources.serial_shards(problem)
     if one_by_one is not None:
         if disk:
@@ -282,19 +284,15 @@ def run(
                 sink = _disk_output.create_or_resume(
                     output_path, stored, resume=resume, coords=(store or StoreLayout()).coords
                 )
-            on_disk = attempt.exe.output_memory == "disk"
+            # On disk, the chunks of the computed outputs go to the store (`sink`).
+            on_disk = {"sink": sink.with_computed(problem.computed)} if sink is not None else {}
             with progress_bar(problem.n_items, progress_label, progressbar):
-                computed = execute(
-                    attempt.exe,
-                    placed,
-                    attempt.tuner,
-                    sink=sink.with_computed(problem.computed) if on_disk and sink else None,
-                )
+                computed = execute(attempt.exe, placed, attempt.tuner, **on_disk)
                 jax.block_until_ready(computed)
             break
         except BaseException as error:
-            retry = isinstance(error, jax.errors.JaxRuntimeError | CompileOutOfMemory)
-            if not retry or not _planner.retries(attempt, error):
+            retryable = (jax.errors.JaxRuntimeError, CompileOutOfMemory)
+            if not isinstance(error, retryable) or not _planner.retries(attempt, error):
                 if sink is not None:  # what was written whole stays marked, for `resume`
                     sink.abandon()
                 raise
