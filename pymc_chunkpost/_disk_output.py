@@ -51,6 +51,7 @@ __all__ = [
     "StoredOutputs",
     "check_place",
     "create_or_resume",
+    "open_group",
     "open_outputs",
 ]
 
@@ -96,21 +97,22 @@ def outputs_for(
     names: Sequence[str] | None = None,
     group: str = "posterior",
     dims: Mapping[str, Sequence[str]] | None = None,
+    dtypes: Sequence[Any] | None = None,
 ) -> list[Output]:
     """The stored outputs for `specs` (shape and dtype each): named `names` (by default
     `output_0`, ...), in `group`, with `dims[name]` after `("chain", "draw")` where given,
-    else `<name>_dim_<i>` (pymc's default names)."""
+    else `<name>_dim_<i>` (pymc's default names); stored as `dtypes` where given (the
+    route's own dtypes: each chunk is cast as it is written)."""
     names = [f"output_{j}" for j in range(len(specs))] if names is None else list(names)
     if len(names) != len(specs) or len(set(names)) != len(names):
         raise ValueError(f"Need one distinct name per output, got {names!r}.")
     outputs = []
-    for name, spec in zip(names, specs):
+    dtypes = [s.dtype for s in specs] if dtypes is None else list(dtypes)
+    for name, spec, dtype in zip(names, specs, dtypes):
         shape = tuple(int(s) for s in spec.shape)
         own = list((dims or {}).get(name, ()))
         own += [f"{name}_dim_{i}" for i in range(len(own), len(shape) - 2)]
-        outputs.append(
-            Output(group, name, shape, np.dtype(spec.dtype).str, ("chain", "draw", *own))
-        )
+        outputs.append(Output(group, name, shape, np.dtype(dtype).str, ("chain", "draw", *own)))
     return outputs
 
 
@@ -316,6 +318,16 @@ class DiskSink:
         self.writer.close(raise_error=False)
 
 
+def open_group(path: Any, group: str) -> Any:
+    """The store's `group` as an xarray `Dataset`, read lazily (no dask: each variable is
+    read where it is indexed)."""
+    import xarray
+
+    return xarray.open_dataset(
+        os.fspath(path), group=group, engine="zarr", chunks=None, consolidated=True
+    )
+
+
 def stored_arrays(path: Path, outputs: Sequence[Output]) -> list[Any]:
     """The outputs' Zarr arrays, opened read-only."""
     root = _zarr().open_group(str(path), mode="r")
@@ -333,8 +345,8 @@ def _write_items(array: Any, draws: int, start: int, stop: int, x: np.ndarray) -
 
 
 def _write_coords(root: Any, outputs: Sequence[Output], coords: Mapping[str, Any]) -> None:
-    """`chain`, `draw` (`0..n-1`) and the given coordinates, in every group, as xarray
-    writes an index coordinate: an array named as its dim."""
+    """The given coordinates (`chain` and `draw` by default `0..n-1`), in every group, as
+    xarray writes an index coordinate: an array named as its dim."""
     for group_name in dict.fromkeys(o.group for o in outputs):
         group = root[group_name]
         mine = [o for o in outputs if o.group == group_name]
@@ -344,8 +356,10 @@ def _write_coords(root: Any, outputs: Sequence[Output], coords: Mapping[str, Any
         for dim, size in sizes.items():
             if dim in group:
                 continue
-            values = np.arange(size) if dim in ("chain", "draw") else coords.get(dim)
-            if values is None:
+            values = coords.get(dim)
+            if values is None and dim in ("chain", "draw"):
+                values = np.arange(size)
+            if values is None or np.shape(values) != (size,):
                 continue
             values = np.asarray(values)
             if values.dtype.kind in "OU":

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _postprocess
+from . import _disk_output, _postprocess
 from ._cache import FunctionCache
 from ._graph import jaxify
-from ._memory import resolve_device
+from ._memory import output_path_setting, resolve_device
 from ._options import check_options
 from ._pymc_model import (
     Fallback,
@@ -254,8 +254,9 @@ def compute_deterministics(
         return _fall_back(
             original, name, Fallback(graph, logging.WARNING), original_object, pymc_args
         )
-    values = _evaluate(graph, draws, ours, "Computing deterministics")
-    new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
+    label = "Computing deterministics"
+    where = "posterior" if group is None else group
+    new_dataset = _dataset(model, graph, draws, ours, label, sample_dims, where)
     if pymc_args.get("extend_dataset"):
         dataset.update(new_dataset)
         return original_object
@@ -299,8 +300,8 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     graph = _graph(model, key, build)
     if isinstance(graph, str):
         return _fall_back(original, name, Fallback(graph, logging.WARNING), idata, pymc_args)
-    values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
-    result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
+    label, sample_dims = f"Computing log-{kind}", pymc_args["sample_dims"]
+    result = _dataset(model, graph, draws, ours, label, sample_dims, f"log_{kind}")
     if not pymc_args["extend_inferencedata"]:
         return result
     if pymc6():
@@ -366,6 +367,8 @@ def _split(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[s
         ours["n_chunks"],
         ours["memory_budget"],
         ours.get("output_memory", "auto"),
+        output_path=ours.get("output_path") or output_path_setting(),
+        resume=ours.get("resume", False),
     )
     resolve_device(ours["postprocessing_backend"])
     sample_dims = pymc_args["sample_dims"]
@@ -589,15 +592,66 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
 
 
-def _evaluate(graph: _Graph, draws: _Draws, ours: dict[str, Any], label: str) -> list[np.ndarray]:
-    """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes."""
+def _dataset(
+    model: Any,
+    graph: _Graph,
+    draws: _Draws,
+    ours: dict[str, Any],
+    label: str,
+    sample_dims: Sequence[str],
+    group: str,
+) -> Any:
+    """The `Dataset` of every output over every draw, as pymc builds it: in memory, or,
+    where the outputs went to disk (`output_memory="disk"`, or "auto" with an output path),
+    opened lazily from the store's `group`.
+
+    Raises:
+        ValueError: outputs that may go to disk with other sample dims than
+            `("chain", "draw")`, before any work.
+    """
+    path = ours.get("output_path") or output_path_setting()
+    if path is None or ours.get("output_memory", "auto") not in ("auto", "disk"):
+        values = _evaluate(graph, draws, ours, label)
+        return _to_dataset(model, graph.output_names, values, draws, sample_dims)
+    if tuple(sample_dims) != ("chain", "draw"):
+        raise ValueError(
+            f"Outputs on disk are stored with the sample dims ('chain', 'draw'), got "
+            f"`sample_dims={tuple(sample_dims)}`. Pass the posterior with its chain and draw "
+            "dims, or `output_memory='host'`."
+        )
+    from pymc.backends.arviz import coords_and_dims_for_inferencedata
+
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    samples = {d: np.asarray(v.values) for d, v in draws.stacked_dims.items()}
+    store = _postprocess.StoreLayout(
+        graph.output_names, group, dims, {**coords, **samples}, graph.dtypes
+    )
+    values = _evaluate(graph, draws, ours, label, store)
+    if values is None:
+        return _disk_output.open_group(path, group)[graph.output_names]  # pymc's order
+    return _to_dataset(model, graph.output_names, values, draws, sample_dims)
+
+
+def _evaluate(
+    graph: _Graph,
+    draws: _Draws,
+    ours: dict[str, Any],
+    label: str,
+    store: _postprocess.StoreLayout | None = None,
+) -> list[np.ndarray] | None:
+    """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes;
+    None where they went to disk, laid out as `store` says."""
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
     arrays = [draws.arrays[name] for name in graph.input_names]
-    outputs, _ = _postprocess.run(
+    if store is not None:
+        ours["store"] = store
+    outputs, plan = _postprocess.run(
         graph.jax_fn, arrays, backend, strategy, False, progress_label=label, **ours
     )
+    if plan.output_memory == "disk":
+        return None
     values: list[np.ndarray] = []
     while outputs:
         array = host_array(outputs.pop(0), arrays)

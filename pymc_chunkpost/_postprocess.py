@@ -213,7 +213,7 @@ def run(
     if disk:
         layout = store or StoreLayout()
         stored = _disk_output.outputs_for(
-            problem.out_specs, layout.names, layout.group, layout.dims
+            problem.out_specs, layout.names, layout.group, layout.dims, layout.dtypes
         )
         if output_memory == "disk":  # "auto" checks the place once it has chosen it
             _disk_output.check_place(
@@ -337,13 +337,15 @@ class StoreLayout:
         group: the store's group (an InferenceData group: `posterior`, `log_likelihood`).
         dims: each output's dims after `("chain", "draw")`, by name (the rest
             `<name>_dim_<i>`).
-        coords: coordinate values by dim name.
+        coords: coordinate values by dim name (`chain` and `draw` default to `0..n-1`).
+        dtypes: each output's dtype in the store (None: the computed ones).
     """
 
     names: Sequence[str] | None = None
     group: str = "posterior"
     dims: Mapping[str, Sequence[str]] | None = None
     coords: Mapping[str, Any] | None = None
+    dtypes: Sequence[Any] | None = None
 
 
 def _stored_complete(path: Any, stored: Sequence[Any]) -> bool:
