@@ -610,22 +610,21 @@ def _dataset(
             `("chain", "draw")`, before any work.
     """
     path = ours.get("output_path") or output_path_setting()
-    if path is None or ours.get("output_memory", "auto") not in ("auto", "disk"):
-        values = _evaluate(graph, draws, ours, label)
-        return _to_dataset(model, graph.output_names, values, draws, sample_dims)
-    if tuple(sample_dims) != ("chain", "draw"):
-        raise ValueError(
-            f"Outputs on disk are stored with the sample dims ('chain', 'draw'), got "
-            f"`sample_dims={tuple(sample_dims)}`. Pass the posterior with its chain and draw "
-            "dims, or `output_memory='host'`."
-        )
-    from pymc.backends.arviz import coords_and_dims_for_inferencedata
+    store = None
+    if path is not None and ours.get("output_memory", "auto") in ("auto", "disk"):
+        if tuple(sample_dims) != ("chain", "draw"):
+            raise ValueError(
+                f"Outputs on disk are stored with the sample dims ('chain', 'draw'), got "
+                f"`sample_dims={tuple(sample_dims)}`. Pass the posterior with its chain and "
+                "draw dims, or `output_memory='host'`."
+            )
+        from pymc.backends.arviz import coords_and_dims_for_inferencedata
 
-    coords, dims = coords_and_dims_for_inferencedata(model)
-    samples = {d: np.asarray(v.values) for d, v in draws.stacked_dims.items()}
-    store = _postprocess.StoreLayout(
-        graph.output_names, group, dims, {**coords, **samples}, graph.dtypes
-    )
+        coords, dims = coords_and_dims_for_inferencedata(model)
+        samples = {d: np.asarray(v.values) for d, v in draws.stacked_dims.items()}
+        store = _postprocess.StoreLayout(
+            graph.output_names, group, dims, {**coords, **samples}, graph.dtypes
+        )
     values = _evaluate(graph, draws, ours, label, store)
     if values is None:
         return _disk_output.open_group(path, group)[graph.output_names]  # pymc's order
