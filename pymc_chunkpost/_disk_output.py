@@ -46,6 +46,7 @@ from ._extras import require
 
 __all__ = [
     "DISK_CHUNK_BYTES",
+    "chunk_draws",
     "QUEUE_CHUNKS",
     "DiskSink",
     "StoredOutputs",
@@ -61,11 +62,26 @@ QUEUE_CHUNKS = 2
 #: A chunk's outputs on the way to disk are kept within this many bytes (when one draw
 #: fits): host memory holds `QUEUE_CHUNKS` + 3 of them (docs/memory.md, "Outputs on disk").
 DISK_CHUNK_BYTES = 64 * 2**20
+#: The arrays' codec: none. Measured against zarr's default (zstd) on float64 outputs,
+#: compression cost write rate and saved little (docs/memory.md, "Outputs on disk";
+#: `benchmarks/bench_disk.py --codec both`). zarr's `compressors` argument.
+COMPRESSORS: Any = None
 #: The folder, inside the store, of the markers of the chunks written whole.
 MARKERS = "_chunkpost_written"
 #: The root attribute that describes the store: its format, the outputs, and `complete`.
 ATTRIBUTE = "chunkpost"
 FORMAT = 1
+
+
+def chunk_draws(draws: int, per_draw_bytes: int, most: int | None = None) -> int:
+    """Draws per chunk on disk: the most that fit `DISK_CHUNK_BYTES` (and `most`; at least
+    one), made a divisor of `draws` where one is at least half that: then no chunk
+    straddles two chains, each chunk is one whole Zarr chunk (none is read back to be
+    rewritten), and the chains' last Zarr chunks are not padded."""
+    fit = max(1, min(int(draws), DISK_CHUNK_BYTES // max(int(per_draw_bytes), 1)))
+    fit = fit if most is None else max(1, min(fit, int(most)))
+    divisor = max(d for d in range(1, fit + 1) if draws % d == 0)
+    return divisor if 2 * divisor >= fit else fit
 
 
 def _zarr() -> Any:
@@ -189,7 +205,12 @@ def _du(path: Path) -> int:
 
 
 def create_or_resume(
-    path: Any, outputs: Sequence[Output], *, resume: bool, coords: Mapping[str, Any] | None = None
+    path: Any,
+    outputs: Sequence[Output],
+    *,
+    resume: bool,
+    coords: Mapping[str, Any] | None = None,
+    draws_per_chunk: int | None = None,
 ) -> DiskSink:
     """The store at `path` for `outputs` (checked by `check_place`), made or reopened, and
     the sink that writes chunks into it.
@@ -200,6 +221,8 @@ def create_or_resume(
         resume: reopen a store of the same outputs (its written chunks are kept).
         coords: coordinate values by dim name (beside `chain` and `draw`, which are
             `0..n-1`), written with the outputs.
+        draws_per_chunk: the run's chunk size: where it divides the draws, the Zarr chunks
+            hold that many draws of one chain, so that each chunk is written whole.
     """
     zarr = _zarr()
     path = Path(os.fspath(path))
@@ -213,9 +236,9 @@ def create_or_resume(
                 output.name,
                 shape=output.shape,
                 dtype=np.dtype(output.dtype),
-                chunks=_zarr_chunks(output),
+                chunks=_zarr_chunks(output, draws_per_chunk),
                 dimension_names=list(output.dims),
-                compressors=None,  # docs/memory.md, "Outputs on disk": measured, none wins
+                compressors=COMPRESSORS,
                 fill_value=0,
             )
         root.attrs[ATTRIBUTE] = description
@@ -226,12 +249,14 @@ def create_or_resume(
     return DiskSink(path, root, list(outputs), dict(coords or {}))
 
 
-def _zarr_chunks(output: Output) -> tuple[int, ...]:
-    """One chain, and as many draws as fit `DISK_CHUNK_BYTES` (at least one), whole in the
-    other dims: a chunk's writes touch few Zarr chunks, and a draw's values are together."""
-    per_draw = math.prod(output.shape[2:]) * np.dtype(output.dtype).itemsize
-    draws = max(1, min(output.shape[1], DISK_CHUNK_BYTES // max(per_draw, 1)))
-    return (1, draws, *output.shape[2:])
+def _zarr_chunks(output: Output, draws_per_chunk: int | None) -> tuple[int, ...]:
+    """One chain, whole in the other dims, and the run's chunk of draws where it divides
+    the draws (each chunk written is then one Zarr chunk), else `chunk_draws`'s."""
+    draws = output.shape[1]
+    if not draws_per_chunk or draws % draws_per_chunk:
+        per_draw = math.prod(output.shape[2:]) * np.dtype(output.dtype).itemsize
+        draws_per_chunk = chunk_draws(draws, per_draw)
+    return (1, max(1, min(draws, draws_per_chunk)), *output.shape[2:])
 
 
 class DiskSink:
@@ -252,6 +277,7 @@ class DiskSink:
     ) -> None:
         self.path, self.root, self.outputs, self.coords = path, root, outputs, coords
         self.arrays = [root[f"{o.group}/{o.name}"] for o in outputs]
+        self.files = [_ChunkFiles.of(a) for a in self.arrays]
         self.draws = outputs[0].shape[1] if outputs else 1
         self.offset = offset
         self.computed = list(range(len(outputs))) if computed is None else list(computed)
@@ -288,7 +314,7 @@ class DiskSink:
 
     def _write_now(self, start: int, stop: int, which: Sequence[int], arrays: list) -> None:
         for j, x in zip(which, arrays):
-            _write_items(self.arrays[j], self.draws, start, stop, x)
+            _write_items(self.arrays[j], self.draws, start, stop, x, self.files[j])
         _mark(self.path / MARKERS, start, stop)  # after the data: the chunk is whole
 
     def finish(self, passed: Mapping[int, Any], chunk_items: int) -> list[Any]:
@@ -302,7 +328,14 @@ class DiskSink:
             for start in range(0, n, step):
                 stop = min(start + step, n)
                 flat = x.reshape((n,) + tuple(x.shape[2:]))
-                _write_items(self.arrays[j], self.draws, start, stop, np.asarray(flat[start:stop]))
+                _write_items(
+                    self.arrays[j],
+                    self.draws,
+                    start,
+                    stop,
+                    np.asarray(flat[start:stop]),
+                    self.files[j],
+                )
         _write_coords(self.root, self.outputs, self.coords)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", module="zarr")
@@ -334,14 +367,74 @@ def stored_arrays(path: Path, outputs: Sequence[Output]) -> list[Any]:
     return [root[f"{o.group}/{o.name}"] for o in outputs]
 
 
-def _write_items(array: Any, draws: int, start: int, stop: int, x: np.ndarray) -> None:
-    """Items `[start, stop)` of the flat `(chains * draws)` axis, one region per chain."""
+def _write_items(
+    array: Any,
+    draws: int,
+    start: int,
+    stop: int,
+    x: np.ndarray,
+    files: _ChunkFiles | None = None,
+) -> None:
+    """Items `[start, stop)` of the flat `(chains * draws)` axis, one region per chain: a
+    region that is one whole Zarr chunk of an uncompressed array on a local disk is written
+    as that chunk's file (`_ChunkFiles`), any other through zarr."""
     item = start
     while item < stop:
         chain, draw = divmod(item, draws)
         end = min(stop, (chain + 1) * draws)
-        array[chain, draw : draw + end - item] = x[item - start : end - start]
+        part = x[item - start : end - start]
+        if files is None or not files.write(chain, draw, end - item, part):
+            array[chain, draw : draw + end - item] = part
         item = end
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkFiles:
+    """The chunk files of an uncompressed Zarr v3 array in a local folder: there a chunk is
+    its values' little-endian bytes in C order, in the file its key names (the format's
+    `bytes` codec alone), so a whole chunk is written with one write from the landed
+    chunk's memory, as `dd` would, where zarr's own path copies it twice on the way.
+    Measured: docs/memory.md, "Outputs on disk"."""
+
+    folder: Path
+    array: Any
+    draws_per_chunk: int
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, array: Any) -> _ChunkFiles | None:
+        """The array's chunk files, or None where they are not so simple (a codec, another
+        store, chunks that split a chain's draw of values)."""
+        zarr = _zarr()
+        try:
+            plain = (
+                isinstance(array.store, zarr.storage.LocalStore)
+                and not array.compressors
+                and not array.filters
+                and type(array.serializer).__name__ == "BytesCodec"
+                and array.chunks[0] == 1
+                and tuple(array.chunks[2:]) == tuple(array.shape[2:])
+            )
+            dtype = np.dtype(array.dtype).newbyteorder("<")
+        except (AttributeError, TypeError):  # another zarr's API: zarr writes every chunk
+            return None
+        if not plain:
+            return None
+        return cls(Path(array.store.root) / array.path, array, int(array.chunks[1]), dtype)
+
+    def write(self, chain: int, draw: int, count: int, values: np.ndarray) -> bool:
+        """Write draws `[draw, draw + count)` of `chain` if they are one whole chunk."""
+        if draw % self.draws_per_chunk or count != self.draws_per_chunk:
+            return False
+        key = self.array.metadata.encode_chunk_key(
+            (chain, draw // count) + (0,) * (values.ndim - 1)
+        )
+        target = self.folder / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = np.ascontiguousarray(values, dtype=self.dtype)
+        with open(target, "wb") as f:
+            f.write(data.data.cast("B"))  # the chunk's own memory, no copy
+        return True
 
 
 def _write_coords(root: Any, outputs: Sequence[Output], coords: Mapping[str, Any]) -> None:

@@ -38,7 +38,7 @@ import jax
 from . import _executor, _tuning
 from ._chunked import resolve_chunk_size
 from ._config import current
-from ._disk_output import DISK_CHUNK_BYTES, QUEUE_CHUNKS
+from ._disk_output import DISK_CHUNK_BYTES, QUEUE_CHUNKS, chunk_draws
 from ._executor import CompileOutOfMemory, Executable, distrust_foreign, persist, release
 from ._host_output import Transfer, default_transfer
 from ._memory import free_bytes
@@ -143,9 +143,11 @@ def _host_output_attempt(
         if size > most:
             size, why = most, f"at most {mib(current().land_chunk_bytes)} of an output per chunk"
     if chunk_size is None and disk:
-        most = max(1, DISK_CHUNK_BYTES // output_bytes_per_draw(problem))
-        if size > most:
-            size, why = most, f"at most {mib(DISK_CHUNK_BYTES)} of outputs per chunk to disk"
+        # On a CPU, chunks of a few MiB (the cache's rule) pay for themselves in compute
+        # but not in writes: there the chunk is what fits `DISK_CHUNK_BYTES`.
+        aligned = chunk_draws(problem.draws, output_bytes_per_draw(problem), None if cpu else size)
+        if aligned != size:
+            size, why = aligned, f"within {mib(DISK_CHUNK_BYTES)}, a divisor of the draws"
     where = "on disk" if disk else "in host memory"
     while True:
         request = _host_request(call, size, lanes, "disk" if disk else "host")

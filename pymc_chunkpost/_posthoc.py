@@ -606,12 +606,15 @@ def _dataset(
     opened lazily from the store's `group`.
 
     Raises:
-        ValueError: outputs that may go to disk with other sample dims than
+        ValueError: outputs asked on disk with other sample dims than
             `("chain", "draw")`, before any work.
     """
     path = ours.get("output_path") or output_path_setting()
+    where = ours.get("output_memory", "auto")
+    if tuple(sample_dims) != ("chain", "draw") and where != "disk":
+        path = None  # "auto" never puts other sample dims on disk
     store = None
-    if path is not None and ours.get("output_memory", "auto") in ("auto", "disk"):
+    if path is not None and where in ("auto", "disk"):
         if tuple(sample_dims) != ("chain", "draw"):
             raise ValueError(
                 f"Outputs on disk are stored with the sample dims ('chain', 'draw'), got "
@@ -625,6 +628,8 @@ def _dataset(
         store = _postprocess.StoreLayout(
             graph.output_names, group, dims, {**coords, **samples}, graph.dtypes
         )
+    if path is not None:
+        ours = ours | {"output_path": path}
     values = _evaluate(graph, draws, ours, label, store)
     if values is None:
         return _disk_output.open_group(path, group)[graph.output_names]  # pymc's order

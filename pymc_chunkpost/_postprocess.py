@@ -116,6 +116,8 @@ def postprocess_samples(
             out-of-memory failure that persists down to one draw per chunk (the draws are
             then still intact).
     """
+    if output_path is None:  # `configure_memory`'s default, for this public entry
+        output_path = output_path_setting()
     return run(
         jax_fn,
         raw_mcmc_samples,
@@ -192,11 +194,10 @@ def run(
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
     progress bar (each route says what it computes). `serial`: `jax_fn`, mapped, computes
     one draw at a time (`Problem.serial`); `random`: it draws random numbers
-    (`Problem.random`). `store`: the names, group, dims and coords of the outputs on disk
-    (by default `posterior/output_<j>`)."""
+    (`Problem.random`). `output_path`: the disk tier's store, as the route resolved it (a
+    route that passes none never writes to disk). `store`: the names, group, dims and coords
+    of the outputs on disk (by default `posterior/output_<j>`)."""
     strategy = postprocessing_vectorize
-    if output_path is None:
-        output_path = output_path_setting()
     check_options(
         strategy,
         chunk_size,
@@ -282,7 +283,11 @@ def run(
                         output_path, stored, problem.output_bytes, resume=resume, name="output_path"
                     )
                 sink = _disk_output.create_or_resume(
-                    output_path, stored, resume=resume, coords=(store or StoreLayout()).coords
+                    output_path,
+                    stored,
+                    resume=resume,
+                    coords=(store or StoreLayout()).coords,
+                    draws_per_chunk=attempt.exe.chunk_size,
                 )
             # On disk, the chunks of the computed outputs go to the store (`sink`).
             on_disk = {"sink": sink.with_computed(problem.computed)} if sink is not None else {}

@@ -390,3 +390,28 @@ def test_deterministics_on_disk_equal_pymc(posthoc_models, tmp_path):
     if hasattr(xr, "open_datatree"):
         tree = xr.open_datatree(tmp_path / "s", engine="zarr")
         assert_like_pymc(tree["posterior"], theirs)
+
+
+@pytest.mark.parametrize("compressors", [None, "auto"])
+def test_whole_chunks_are_written_as_their_files_and_read_back_by_zarr(
+    tmp_path, monkeypatch, compressors
+):
+    """Chunks that are whole Zarr chunks of an uncompressed array go straight to their files
+    (`_ChunkFiles`); with a codec, zarr writes them; zarr reads the same values either way."""
+    monkeypatch.setattr(_disk_output, "COMPRESSORS", compressors)
+    written = []
+    write = _disk_output._ChunkFiles.write
+
+    def spy(self, *args):
+        done = write(self, *args)
+        written.append(done)
+        return done
+
+    monkeypatch.setattr(_disk_output._ChunkFiles, "write", spy)
+    raw = draws(3, 50)
+    outputs = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=tmp_path / "s", chunk_size=10
+    )
+    assert_equal_to(outputs, in_memory(raw))
+    assert outputs[1].chunks == (1, 10, 40)
+    assert written == ([True] * 2 * 15 + [True] * 15 if compressors is None else [])
