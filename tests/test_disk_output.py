@@ -278,11 +278,21 @@ def test_auto_picks_disk_only_where_a_path_is_given(wide, tmp_path, monkeypatch)
         _postprocess.run(jax_fn, raw, None, "auto", memory_budget=small)
     assert _resources.output_memory_for(problem, "auto", small, disk=True)[0] == "disk"
     assert _resources.output_memory_for(problem, "auto", None, disk=True)[0] == "device"
-    monkeypatch.setenv(OUTPUT_PATH_ENV, str(tmp_path / "default"))
-    outputs, plan = _postprocess.run(jax_fn, raw, None, "auto", memory_budget=small)
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", memory_budget=small, output_path=tmp_path / "given"
+    )
     assert plan.output_memory == "disk" and "exceed" in plan.reason
-    assert_same([x[...] for x in outputs], reference(jax_fn, raw))
+    expected = reference(jax_fn, raw)
+    assert_same([x[...] for x in outputs], expected)
+    # `configure_memory`'s default path, which the public entries read.
+    monkeypatch.setenv(OUTPUT_PATH_ENV, str(tmp_path / "default"))
+    outputs = pc.postprocess_samples(jax_fn, raw, memory_budget=small)
+    assert all(isinstance(x, zarr.Array) for x in outputs)
+    assert_same([x[...] for x in outputs], expected)
     assert pc.open_outputs(tmp_path / "default").complete
+    # A route that passes no path (the patched `pm.sample`) never writes to disk.
+    with pytest.raises(MemoryError, match="output_memory='disk'"):
+        _postprocess.run(jax_fn, raw, None, "auto", memory_budget=small)
 
 
 def test_configure_memory_sets_the_default_path(tmp_path, monkeypatch):
