@@ -198,41 +198,16 @@ def run(
     route that passes none never writes to disk). `store`: the names, group, dims and coords
     of the outputs on disk (by default `posterior/output_<j>`)."""
     strategy = postprocessing_vectorize
-    check_options(
-        strategy,
-        chunk_size,
-        n_chunks,
-        memory_budget,
-        output_memory,
-        output_path=output_path,
-        resume=resume,
-    )
+    options = (chunk_size, n_chunks, memory_budget, output_memory)
+    check_options(strategy, *options, output_path=output_path, resume=resume)
     problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
     problem = dataclasses.replace(problem, serial=serial, random=random)
-    disk = output_path is not None and output_memory in ("auto", "disk")
-    stored = None
-    if disk:
-        layout = store or StoreLayout()
-        stored = _disk_output.outputs_for(
-            problem.out_specs, layout.names, layout.group, layout.dims, layout.dtypes
-        )
-        if output_memory == "disk":  # "auto" checks the place once it has chosen it
-            _disk_output.check_place(
-                output_path, stored, problem.output_bytes, resume=resume, name="output_path"
-            )
-            assert output_path is not None  # `check_options` refuses "disk" without one
-            if resume and _stored_complete(output_path, stored):
-                arrays = _disk_output.stored_arrays(Path(os.fspath(output_path)), stored)
-                return arrays, _planner.stored_plan(problem)
+    target = _DiskTarget.of(problem, output_memory, output_path, resume, store)
+    if target is not None and (arrays := target.complete_arrays()) is not None:
+        return arrays, _planner.stored_plan(problem)
     one_by_one = _resources.serial_shards(problem)
     if one_by_one is not None:
-        if disk:
-            raise ValueError(
-                "The disk tier streams the draws of one device, or of devices split on the "
-                f"chain axis; these draws must run shard by shard ({one_by_one}). Pass "
-                "`postprocessing_backend='cpu'` with draws on one device, or another "
-                "`output_memory`."
-            )
+        _DiskTarget.refuse(target, one_by_one)
         return _run_shard_by_shard(
             jax_fn,
             samples,
@@ -260,7 +235,6 @@ def run(
         size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
     attempt: Attempt | None = None
     computed: list[jax.Array] | None = None
-    sink: _disk_output.DiskSink | None = None
     failed_strategy = strategy
     while True:
         try:
@@ -274,32 +248,14 @@ def run(
                     donate=xla_donate,
                     progress=progressbar,
                     output_memory=output_memory,
-                    disk=disk,
+                    disk=target is not None,
                 )
-            if attempt.exe.output_memory == "disk" and sink is None:
-                assert stored is not None and output_path is not None
-                if output_memory != "disk":  # "auto" chose it: the place is checked now
-                    _disk_output.check_place(
-                        output_path, stored, problem.output_bytes, resume=resume, name="output_path"
-                    )
-                sink = _disk_output.create_or_resume(
-                    output_path,
-                    stored,
-                    resume=resume,
-                    coords=(store or StoreLayout()).coords,
-                    draws_per_chunk=attempt.exe.chunk_size,
-                )
-            # On disk, the chunks of the computed outputs go to the store (`sink`).
-            on_disk = {"sink": sink.with_computed(problem.computed)} if sink is not None else {}
             with progress_bar(problem.n_items, progress_label, progressbar):
-                computed = execute(attempt.exe, placed, attempt.tuner, **on_disk)
+                computed = _execute(attempt, placed, target, problem)
                 jax.block_until_ready(computed)
             break
-        except BaseException as error:
-            retryable = (jax.errors.JaxRuntimeError, CompileOutOfMemory)
-            if not isinstance(error, retryable) or not _planner.retries(attempt, error):
-                if sink is not None:  # what was written whole stays marked, for `resume`
-                    sink.abandon()
+        except (jax.errors.JaxRuntimeError, CompileOutOfMemory) as error:
+            if not _planner.retries(attempt, error):
                 raise
             # Release what the failed attempt still holds (its outputs, here and in the
             # frames it failed in), so that the free memory the planner reads is real.
@@ -319,18 +275,31 @@ def run(
                 progress=progressbar,
             )
     assert computed is not None and attempt is not None
+    outputs = _assemble(computed, attempt, placed, donate, problem, output_memory, target)
+    return outputs, _planner.finished(attempt)
+
+
+def _assemble(
+    computed: list[Any],
+    attempt: Attempt,
+    placed: list,
+    donate: Sequence[int],
+    problem: Problem,
+    output_memory: str,
+    target: _DiskTarget | None,
+) -> list[Any]:
+    """Once every chunk has succeeded: free the donated draws, and return every output,
+    the passed-through draws included (on disk: the store's arrays)."""
     for i in donate:  # what donation frees, once nothing can fail any more
         if not placed[i].is_deleted():
             placed[i].delete()
-    if sink is not None:  # the store's arrays; the passed-through draws written to it too
-        passed = {j: placed[k] for j, k in enumerate(problem.forwarded) if k is not None}
-        size = int(attempt.exe.chunk_size or problem.n_local)
-        return sink.finish(passed, size), _planner.finished(attempt)
+    if target is not None and target.sink is not None:
+        return target.finish(attempt.exe, placed, problem)
     it = iter(computed)
     outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
     if attempt.exe.output_memory == "host":
         outputs = _from_host(outputs, problem, output_memory)
-    return outputs, _planner.finished(attempt)
+    return outputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,11 +322,109 @@ class StoreLayout:
     dtypes: Sequence[Any] | None = None
 
 
-def _stored_complete(path: Any, stored: Sequence[Any]) -> bool:
-    """Whether `path` holds a complete store of `stored` (resumed: nothing to compute)."""
-    if not Path(os.fspath(path)).is_dir() or not any(Path(os.fspath(path)).iterdir()):
-        return False
-    return _disk_output.open_outputs(path).complete
+def _execute(
+    attempt: Attempt, placed: list, target: _DiskTarget | None, problem: Problem
+) -> list[Any]:
+    """`execute` the attempt; where it writes to disk, into the target's store (chunks of
+    the computed outputs to its sink), which a failure abandons."""
+    on_disk = {} if target is None else target.sink_for(attempt.exe, problem)
+    try:
+        return execute(attempt.exe, placed, attempt.tuner, **on_disk)
+    except BaseException:
+        if target is not None:
+            target.abandon()
+        raise
+
+
+@dataclasses.dataclass
+class _DiskTarget:
+    """A call's store on disk, where its outputs may go: checked, opened once the planner
+    has chosen it, finished or abandoned (`_disk_output`)."""
+
+    path: Path
+    stored: list[Any]
+    resume: bool
+    coords: Mapping[str, Any] | None
+    checked: bool
+    sink: _disk_output.DiskSink | None = None
+
+    @classmethod
+    def of(
+        cls,
+        problem: Problem,
+        output_memory: str,
+        output_path: Any,
+        resume: bool,
+        store: StoreLayout | None,
+    ) -> _DiskTarget | None:
+        """The target where outputs may go to disk (a path, "disk" or "auto"), else None;
+        for "disk", the place is checked now, before any work ("auto" checks it once it
+        has chosen it)."""
+        if output_path is None or output_memory not in ("auto", "disk"):
+            return None
+        layout = store or StoreLayout()
+        stored = _disk_output.outputs_for(
+            problem.out_specs, layout.names, layout.group, layout.dims, layout.dtypes
+        )
+        target = cls(Path(os.fspath(output_path)), stored, resume, layout.coords, False)
+        if output_memory == "disk":
+            target.check(problem)
+        return target
+
+    def check(self, problem: Problem) -> None:
+        _disk_output.check_place(
+            self.path, self.stored, problem.output_bytes, resume=self.resume, name="output_path"
+        )
+        self.checked = True
+
+    def complete_arrays(self) -> list[Any] | None:
+        """Resumed on a complete store (checked): its arrays, with nothing to compute."""
+        if not (self.checked and self.resume and self.path.is_dir()):
+            return None
+        if not any(self.path.iterdir()) or not _disk_output.open_outputs(self.path).complete:
+            return None
+        return _disk_output.stored_arrays(self.path, self.stored)
+
+    def sink_for(self, exe: Any, problem: Problem) -> dict[str, Any]:
+        """`execute`'s keywords for `exe`: the sink of its computed outputs where it writes
+        to disk (the store made, or reopened, at the first such executable)."""
+        if exe.output_memory != "disk":
+            return {}
+        if self.sink is None:
+            if not self.checked:
+                self.check(problem)
+            self.sink = _disk_output.create_or_resume(
+                self.path,
+                self.stored,
+                resume=self.resume,
+                coords=self.coords,
+                draws_per_chunk=exe.chunk_size,
+            )
+        return {"sink": self.sink.with_computed(problem.computed)}
+
+    def abandon(self) -> None:
+        """Stop the writer after a failure: what it wrote whole stays marked, and a retry
+        reopens the store and keeps it."""
+        if self.sink is not None:
+            self.sink.abandon()
+            self.sink, self.resume = None, True
+
+    @staticmethod
+    def refuse(target: _DiskTarget | None, one_by_one: str) -> None:
+        """Raise `ValueError` for outputs that may go to disk from draws run shard by shard."""
+        if target is not None:
+            raise ValueError(
+                "The disk tier streams the draws of one device, or of devices split on the "
+                f"chain axis; these draws must run shard by shard ({one_by_one}). Pass "
+                "`postprocessing_backend='cpu'` with draws on one device, or another "
+                "`output_memory`."
+            )
+
+    def finish(self, exe: Any, placed: list, problem: Problem) -> list[Any]:
+        """The store completed, the passed-through draws written to it too; its arrays."""
+        assert self.sink is not None
+        passed = {j: placed[k] for j, k in enumerate(problem.forwarded) if k is not None}
+        return self.sink.finish(passed, int(exe.chunk_size or problem.n_local))
 
 
 def _from_host(outputs: list[Any], problem: Problem, output_memory: str) -> list[Any]:
