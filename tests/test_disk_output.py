@@ -425,3 +425,26 @@ def test_whole_chunks_are_written_as_their_files_and_read_back_by_zarr(
     assert_equal_to(outputs, in_memory(raw))
     assert outputs[1].chunks == (1, 10, 40)
     assert written == ([True] * 2 * 15 + [True] * 15 if compressors is None else [])
+
+
+def test_auto_on_an_accelerator_goes_to_disk_past_host_memory(wide, monkeypatch):
+    """Device too small, host too small: disk where a path is set, else a `MemoryError`
+    that names the disk tier; host memory where it holds the outputs."""
+    import dataclasses
+
+    from helpers import FakeAccelerator
+
+    from pymc_chunkpost._problem import Placement
+
+    model, jax_fn = wide
+    problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
+    gpu = FakeAccelerator(problem.output_bytes // 2)
+    on_gpu = dataclasses.replace(problem, placement=Placement(gpu))
+    monkeypatch.setattr(_resources, "host_free_bytes", lambda: problem.output_bytes // 2)
+    where, why = _resources.output_memory_for(on_gpu, "auto", gpu.free, disk=True)
+    assert where == "disk" and "output path" in why
+    with pytest.raises(MemoryError, match="output_memory='disk'"):
+        _resources.output_memory_for(on_gpu, "auto", gpu.free)
+    monkeypatch.setattr(_resources, "host_free_bytes", lambda: 2**40)  # beside the margin
+    assert _resources.output_memory_for(on_gpu, "auto", gpu.free, disk=True)[0] == "host"
+    assert _resources.output_memory_for(on_gpu, "disk", gpu.free, disk=True)[0] == "disk"
