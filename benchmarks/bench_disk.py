@@ -79,10 +79,9 @@ def child(gb: float, folder: str, codec: str) -> dict:
     jax.block_until_ready(raw)
     if codec == "default":
         _disk_output.COMPRESSORS = "auto"  # zarr's default codec (zstd)
-    nbytes = sum(
-        int(np.prod(x.shape[2:])) * CHAINS * DRAWS * 8
-        for x in jax.eval_shape(lambda *v: fn(*v), *[x[0, 0] for x in raw])
-    )
+    # The outputs' bytes: one draw's outputs (shapes without the sample axes) per draw.
+    one_draw = jax.eval_shape(lambda *v: fn(*v), *[x[0, 0] for x in raw])
+    nbytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize * CHAINS * DRAWS for x in one_draw)
     dd_before = _dd(folder, nbytes)
     start = status_bytes("VmRSS")
     reset_peak()
@@ -96,7 +95,8 @@ def child(gb: float, folder: str, codec: str) -> dict:
             tic = time.perf_counter()
             os.sync()
             sync_seconds = time.perf_counter() - tic
-            nbytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in outputs)
+            written = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in outputs)
+            assert written == nbytes, (written, nbytes)  # what `dd` writes: the same bytes
             stored = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
             complete = pc.open_outputs(store).complete
             # Spot check: draw (1, 7) of every output against the per-draw function itself.
