@@ -290,11 +290,14 @@ def _assemble(
 ) -> list[Any]:
     """Once every chunk has succeeded: free the donated draws, and return every output,
     the passed-through draws included (on disk: the store's arrays)."""
+    stored = None
+    if target is not None and target.sink is not None:  # may fail: before any donation
+        stored = target.finish(attempt.exe, placed, problem)
     for i in donate:  # what donation frees, once nothing can fail any more
         if not placed[i].is_deleted():
             placed[i].delete()
-    if target is not None and target.sink is not None:
-        return target.finish(attempt.exe, placed, problem)
+    if stored is not None:
+        return stored
     it = iter(computed)
     outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
     if attempt.exe.output_memory == "host":

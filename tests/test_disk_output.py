@@ -448,3 +448,23 @@ def test_auto_on_an_accelerator_goes_to_disk_past_host_memory(wide, monkeypatch)
     monkeypatch.setattr(_resources, "host_free_bytes", lambda: 2**40)  # beside the margin
     assert _resources.output_memory_for(on_gpu, "auto", gpu.free, disk=True)[0] == "host"
     assert _resources.output_memory_for(on_gpu, "disk", gpu.free, disk=True)[0] == "disk"
+
+
+@pytest.mark.parametrize("n_writes", [1, 2 * 5 - 1])  # the first chunk; the last one
+def test_donated_draws_survive_a_failed_write(tmp_path, monkeypatch, n_writes):
+    raw = [jnp.asarray(x) for x in draws(2, 25)]
+    copies = [np.asarray(x).copy() for x in raw]
+    _fail_after(monkeypatch, n_writes)
+    with pytest.raises(Stop):
+        pc.postprocess_samples(
+            per_draw,
+            raw,
+            None,
+            "auto",
+            True,
+            output_memory="disk",
+            output_path=tmp_path / "s",
+            chunk_size=10,
+        )
+    assert_intact(raw, copies)
+    assert not pc.open_outputs(tmp_path / "s").complete
