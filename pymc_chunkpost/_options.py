@@ -106,10 +106,9 @@ def check_options(
         raise ValueError(
             f"`{names['output_memory']}='disk'` writes the outputs into a Zarr store, so it "
             f"needs `{names['output_path']}` (a folder), or a default path set with "
-            "`pymc_chunkpost.configure_memory(output_path=...)`. `postprocess_samples` and "
-            "the `compute_log_*`/`compute_deterministics` routes take one; the patched "
-            "`pm.sample`, `sample_posterior_predictive` and NumPyro's routes do not write to "
-            "disk yet."
+            "`pymc_chunkpost.configure_memory(output_path=...)`. `postprocess_samples`, "
+            "`compute_log_*`, `compute_deterministics` and `sample_posterior_predictive` take "
+            "one; the patched `pm.sample` and NumPyro's routes do not write to disk yet."
         )
     if output_path is not None and (
         not isinstance(output_path, str | os.PathLike) or not os.fspath(output_path)

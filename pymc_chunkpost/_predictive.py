@@ -32,6 +32,7 @@ import contextvars
 import dataclasses
 import inspect
 import logging
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ import numpy as np
 from . import _postprocess
 from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
-from ._memory import resolve_device
+from ._memory import output_path_setting, resolve_device
 from ._options import check_options
 from ._pymc_model import (
     Fallback,
@@ -67,6 +68,8 @@ _OPTIONS = (
     "n_chunks",
     "memory_budget",
     "output_memory",
+    "output_path",
+    "resume",
 )
 # pymc's default compile arguments, which change nothing in a JAX program.
 _NEUTRAL_COMPILE_KWARGS = frozenset({"mode", "allow_input_downcast", "accept_inplace"})
@@ -101,6 +104,8 @@ def sample_posterior_predictive(
     n_chunks: int | None = None,
     memory_budget: int | float | None = None,
     output_memory: str = "auto",
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
 ) -> Any:
     """Draw the posterior predictive: every draw's forward samples in one compiled program.
 
@@ -144,8 +149,14 @@ def sample_posterior_predictive(
         n_chunks: alternatively, the number of chunks.
         memory_budget: bytes the outputs and temporaries may take; default the device's
             free memory. The outputs (draws x every requested variable) are the floor.
-        output_memory: "auto", "device" or "host": where the outputs live while computed
-            ("host" lands each chunk in host memory, for outputs larger than the device).
+        output_memory: "auto", "device", "host" or "disk": where the outputs live while
+            computed ("host" lands each chunk in host memory, for outputs larger than the
+            device; "disk" writes each chunk into a Zarr store at `output_path`, and the
+            drawn variables of the result are read from it lazily: docs/memory.md). "auto"
+            chooses disk only with a path, for draws with two sample dims.
+        output_path: the store's folder for "disk" (default: `configure_memory`'s); its
+            group is "posterior_predictive" (or "predictions").
+        resume: continue a store that a run of the same call did not finish.
 
     Returns:
         What pymc returns for these arguments.
@@ -190,13 +201,24 @@ def _sample(arguments: dict[str, Any]) -> Any:
             Fallback(built, logging.WARNING), trace, pymc_args
         )  # logs what it samples
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
+    group = "predictions" if pymc_args.get("predictions") else "posterior_predictive"
+    on_disk = None
     if built is not None:
-        values = _evaluate(built, forward, read, pymc_args.get("random_seed"), ours)
+        seed = pymc_args.get("random_seed")
+        values, on_disk = _evaluate(built, forward, read, seed, ours, group, model)
     for name in forward.copied:
         values[name] = np.array(read.values(name))
     ppc = {name: values[name] for name in forward.names}
-    return _pack(ppc, model, pymc_args, read)
+    if on_disk is None or built is None or not pymc_args["return_inferencedata"]:
+        return _pack(ppc, model, pymc_args, read)
+    drawn = built.output_names
+    placeholders = {  # no memory: pymc packs them, then the store's variables replace them
+        name: np.broadcast_to(np.zeros((), x.dtype), x.shape) if name in drawn else x
+        for name, x in ppc.items()
+    }
+    result = _pack(placeholders, model, pymc_args, read)
+    return _from_store(result, on_disk, group, drawn)
 
 
 # --- arguments ----------------------------------------------------------------------------
@@ -236,12 +258,15 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             )
     ours = {key: arguments[key] for key in _OPTIONS}
     ours["progressbar"] = bool(arguments["progressbar"])
+    ours["output_path"] = ours["output_path"] or output_path_setting()
     check_options(
         ours["postprocessing_vectorize"],
         ours["chunk_size"],
         ours["n_chunks"],
         ours["memory_budget"],
         ours["output_memory"],
+        output_path=ours["output_path"],
+        resume=ours["resume"],
     )
     # None is the default device, which every JAX has: not looked up here, so that a call
     # handed to pymc's own function starts no JAX backend (whose start logs at INFO).
@@ -781,10 +806,70 @@ def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> n
     return out
 
 
+def _store_for(model: Any, built: _Built, read: _Trace, ours: dict[str, Any], group: str) -> Any:
+    """Where the outputs may go to disk (`_postprocess.StoreLayout`), or None: a path is set,
+    `output_memory` is "disk" or "auto", and the trace has two sample dims (else "disk" is
+    refused, "auto" keeps to memory).
+
+    Raises:
+        ValueError: "disk" asked of a trace without two sample dims, before any work.
+    """
+    where = ours.get("output_memory", "auto")
+    if ours.get("output_path") is None or where not in ("auto", "disk"):
+        return None
+    if len(read.sample_shape) != 2 or read.stacked_dims is None:
+        if where == "disk":
+            raise ValueError(
+                "`output_memory='disk'` stores draws with two sample dims (chain, draw); "
+                "this trace has other ones, or is a list of points. Pass the posterior "
+                "with its chain and draw dims, or `output_memory='host'`."
+            )
+        return None
+    from pymc.backends.arviz import coords_and_dims_for_inferencedata
+
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    sample = dict(zip(["chain", "draw"], [np.asarray(v) for v in read.stacked_dims.values()]))
+    return _postprocess.StoreLayout(built.output_names, group, dims, {**coords, **sample})
+
+
+def _from_store(result: Any, path: Any, group: str, names: Sequence[str]) -> Any:
+    """`result` (pymc's packing, with placeholders for `names` in `group`) with those
+    variables read lazily from the store at `path`, under pymc's dims."""
+    from ._disk_output import open_group
+
+    stored = open_group(path, group)
+    packed = result[group]
+    dataset = packed.to_dataset() if hasattr(packed, "to_dataset") else packed
+    for name in names:
+        variable = stored[name]
+        renamed = dict(zip(variable.dims, dataset[name].dims))
+        dataset[name] = variable.rename({k: v for k, v in renamed.items() if k != v}).assign_attrs(
+            dataset[name].attrs
+        )
+    if pymc6():
+        result[group] = dataset
+    else:
+        setattr(result, group, dataset)
+    return result
+
+
 def _evaluate(
-    built: _Built, forward: _Forward, read: _Trace, random_seed: Any, ours: dict[str, Any]
-) -> dict[str, np.ndarray]:
-    """Every output at every draw, as writable numpy arrays of pymc's shapes."""
+    built: _Built,
+    forward: _Forward,
+    read: _Trace,
+    random_seed: Any,
+    ours: dict[str, Any],
+    group: str = "posterior_predictive",
+    model: Any = None,
+) -> tuple[dict[str, Any], Any]:
+    """Every output at every draw, as writable numpy arrays of pymc's shapes, and None; or,
+    where they went to disk, the store's Zarr arrays and the store's path."""
+    ours = dict(ours)
+    store = None if model is None else _store_for(model, built, read, ours, group)
+    if store is None:
+        ours.pop("output_path", None)
+    else:
+        ours["store"] = store
     n_draws = int(np.prod(read.sample_shape, dtype=np.int64))
     lead = read.sample_shape if len(read.sample_shape) == 2 else (1, n_draws)
     arrays = []
@@ -796,7 +881,7 @@ def _evaluate(
     ours = dict(ours)
     backend = ours.pop("postprocessing_backend")
     strategy = ours.pop("postprocessing_vectorize")
-    outputs, _ = _postprocess.run(
+    outputs, plan = _postprocess.run(
         built.fn,
         [keys, *arrays],
         backend,
@@ -806,11 +891,13 @@ def _evaluate(
         random=True,
         **ours,
     )
+    if plan.output_memory == "disk":
+        return dict(zip(built.output_names, outputs)), ours["output_path"]
     values_by_name: dict[str, np.ndarray] = {}
     for name in built.output_names:
         array = host_array(outputs.pop(0), arrays)
         values_by_name[name] = array.reshape(read.sample_shape + array.shape[2:])
-    return values_by_name
+    return values_by_name, None
 
 
 # --- the result, as pymc packs it ---------------------------------------------------------

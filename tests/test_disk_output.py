@@ -468,3 +468,30 @@ def test_donated_draws_survive_a_failed_write(tmp_path, monkeypatch, n_writes):
         )
     assert_intact(raw, copies)
     assert not pc.open_outputs(tmp_path / "s").complete
+
+
+# --- the predictive route -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_posterior_predictive_on_disk_equals_the_route_in_memory(posthoc_models, tmp_path, extend):
+    """The same draws as the route in memory (each draw's keys are its seed and index), read
+    lazily from the store under pymc's groups, names, dims and coords."""
+    import test_posthoc
+
+    model, post = posthoc_models["counts"]
+    kwargs = dict(model=model, random_seed=3, progressbar=False, extend_inferencedata=extend)
+    theirs = pc.sample_posterior_predictive(test_posthoc.idata_of(post), **kwargs)
+    path = tmp_path / "store"
+    ours = pc.sample_posterior_predictive(
+        test_posthoc.idata_of(post), **kwargs, output_memory="disk", output_path=path
+    )
+    groups = (lambda x: list(x.children)) if test_posthoc.PYMC6 else (lambda x: x.groups())
+    assert list(groups(ours)) == list(groups(theirs))
+    assert_like_pymc(ours["posterior_predictive"], theirs["posterior_predictive"])
+    for name in ("events", "hits"):  # read from the store (its Zarr chunking), lazily
+        variable = ours["posterior_predictive"][name].variable
+        assert "preferred_chunks" in variable.encoding, name
+    stored = pc.open_outputs(path)
+    assert stored.complete
+    assert set(stored.arrays) == {"posterior_predictive/events", "posterior_predictive/hits"}
