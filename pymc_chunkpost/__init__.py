@@ -3,6 +3,8 @@
 from ._cache import clear_caches as clear_caches
 from ._chunked import chunked_vmap as chunked_vmap
 from ._config import configured as configured
+from ._disk_output import StoredOutputs as StoredOutputs
+from ._disk_output import open_outputs as open_outputs
 from ._entry import postprocess_samples_with_plan as postprocess_samples_with_plan
 from ._loo import loo as loo
 from ._memory import configure_memory as configure_memory

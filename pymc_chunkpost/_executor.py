@@ -289,6 +289,8 @@ def _compile_to_host(program: Program) -> Executable:
     empty = aligned_empty if program.request.lanes > 1 else np.empty
 
     def init() -> list:
+        if program.request.output_memory == "disk":  # the run's sink takes the chunks
+            return []
         return [empty(s.shape, s.dtype) for s in out_specs]
 
     memory = next(iter(steps.values())).memory_analysis()
@@ -531,12 +533,14 @@ def distrust_foreign() -> None:
 def _after_compile(problem: Problem, output_memory: str) -> None:
     """Invariant: outputs of `trim_min_bytes` or more that land in host memory are written
     after the compiler's freed heap has gone back to the OS (`release_freed_heap`)."""
-    host = output_memory == "host" or problem.device.platform == "cpu"
+    host = output_memory in ("host", "disk") or problem.device.platform == "cpu"
     if host and problem.output_bytes >= current().trim_min_bytes:
         release_freed_heap()
 
 
-def execute(exe: Executable, samples: Sequence[jax.Array], tuner: Any = None) -> list[Any]:
+def execute(
+    exe: Executable, samples: Sequence[jax.Array], tuner: Any = None, sink: Any = None
+) -> list[Any]:
     """Run an executable over every draw. Donated buffers that XLA cannot reuse are not worth
     a warning.
 
@@ -549,16 +553,19 @@ def execute(exe: Executable, samples: Sequence[jax.Array], tuner: Any = None) ->
     about `segment_seconds` each (the tuner's window while tuning); once nothing is timed, the
     rest goes in one call. The samples are read by every call, so no host-driven step takes
     them: the caller deletes donated draws once the whole run has succeeded.
+
+    `sink`, for a `TO_HOST` step only, is where the chunks go instead of host arrays
+    (outputs on disk, `_disk_output.DiskSink`); the run then returns no outputs.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        return _drive(exe, list(samples), tuner)
+        return _drive(exe, list(samples), tuner, sink)
 
 
-def _drive(exe: Executable, samples: list, tuner: Any) -> list[Any]:
+def _drive(exe: Executable, samples: list, tuner: Any, sink: Any = None) -> list[Any]:
     config, problem = current(), exe.problem
     n, n_shards = problem.n_local, problem.n_shards
-    outs = exe.init()
+    outs = exe.init() if sink is None else sink
     start = 0
     per_call = max(1, int(n * config.first_segment_fraction))  # draws per timed call
     while start < n:
@@ -572,7 +579,7 @@ def _drive(exe: Executable, samples: list, tuner: Any) -> list[Any]:
         start += count * size
         if not timed:
             continue
-        jax.block_until_ready(outs)  # report work done, not work dispatched
+        jax.block_until_ready(outs if sink is None else [])  # work done, not dispatched
         elapsed = max(time.perf_counter() - tic, 1e-9)
         if tuning:
             tuner.record(step, elapsed, count * size)
@@ -580,15 +587,17 @@ def _drive(exe: Executable, samples: list, tuner: Any) -> list[Any]:
             on_chunk(min(start, n) * n_shards, n * n_shards)
         seconds = tuner.segment_seconds if tuning else config.segment_seconds
         per_call = max(1, int(count * size / elapsed * seconds))
-    return list(outs)
+    return [] if sink is not None else list(outs)
 
 
-def _stream_to_host(exe: Executable, outputs: list, samples: list) -> list:
-    """Stream every device's chunks into the host arrays `outputs`.
+def _stream_to_host(exe: Executable, outputs: Any, samples: list) -> Any:
+    """Stream every device's chunks into the host arrays `outputs`, or into a sink
+    (`_host_output.ChunkSink`) that `execute` was given in their place.
 
     Draws split on the chain axis stream shard by shard, each into its own chains of the
     outputs (a contiguous block: no copy); one device streams everything.
     """
+    sink = None if isinstance(outputs, list) else outputs
     problem = exe.problem
     out_specs = [problem.out_specs[j] for j in problem.computed]
     size, n_local = int(exe.chunk_size or problem.n_local), problem.n_local
@@ -607,7 +616,7 @@ def _stream_to_host(exe: Executable, outputs: list, samples: list) -> list:
         else:
             shards = [next(s for s in x.addressable_shards if s.device == device) for x in samples]
             local, where = [s.data for s in shards], shards[0].index[:1]
-        views = [o[where] for o in outputs]  # a block of whole chains: C-contiguous
+        views = [] if sink is not None else [o[where] for o in outputs]  # whole chains
         on_progress = progress if exe.progress else None
         consts = [jax.device_put(c, device, may_alias=True) for c in exe.consts]
         stream_to_host(
@@ -617,8 +626,9 @@ def _stream_to_host(exe: Executable, outputs: list, samples: list) -> list:
             size,
             local_specs,
             on_progress,
-            out=views,
+            out=None if sink is not None else views,
             lanes=exe.request.lanes,
+            sink=None if sink is None else sink.for_chains(where[0]),
         )
         done += n_local
     return outputs

@@ -45,7 +45,7 @@ import mmap
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -57,6 +57,7 @@ from ._jaxpr_eval import vmap_draws
 
 __all__ = [
     "ALIGNMENT",
+    "ChunkSink",
     "Transfer",
     "aligned_empty",
     "default_transfer",
@@ -232,6 +233,7 @@ def stream_to_host(
     transfer: Transfer | None = None,
     out: Sequence[np.ndarray] | None = None,
     lanes: int = 1,
+    sink: ChunkSink | None = None,
 ) -> list[np.ndarray]:
     """Run the chunk step over every chunk and land each chunk's outputs in host memory.
 
@@ -263,10 +265,14 @@ def stream_to_host(
             two chunks per lane; time: one host copy of every output byte, overlapped with
             compute.
         lanes: host threads that stream chunks at once (at most one per chunk).
+        sink: where landed chunks go instead of `out` (outputs on disk, `_disk_output`):
+            no host arrays are made; each chunk's rows are handed to `sink.write`, and
+            chunks that `sink.written` reports whole (a resumed run) are not computed.
 
     Returns:
         One numpy array per output, shape and dtype of `out_specs`: plain, C-contiguous,
-        writeable arrays that own their memory (numpy and ArviZ take them without a copy).
+        writeable arrays that own their memory (numpy and ArviZ take them without a copy);
+        with a `sink`, an empty list.
 
     Raises:
         ValueError: bad sizes or specs (before any work).
@@ -289,7 +295,9 @@ def stream_to_host(
                 f"`out_specs` must have shape (chains, draws, ...)={lead} + ..., got "
                 f"{tuple(spec.shape)}. Pass the full output shapes, not per-draw ones."
             )
-    if out is None:
+    if sink is not None:
+        out = []
+    elif out is None:
         out = [np.empty(s.shape, s.dtype) for s in out_specs]
     else:
         out = list(out)
@@ -306,9 +314,13 @@ def stream_to_host(
     transfer = default_transfer(device) if transfer is None else Transfer(transfer)
     pinned = make_single_device_sharding(device, memory_kind=PINNED_HOST)
     starts = chunk_starts(n, size)
+    # The chunks to compute: with a sink, those not already written whole (a resumed run).
+    todo = list(range(len(starts)))
+    if sink is not None:
+        todo = [k for k in todo if not sink.written(k * size, starts[k] + size)]
 
-    def dispatch(k):
-        ys = compiled_chunk(samples, np.int32(starts[k]))
+    def dispatch(i):
+        ys = compiled_chunk(samples, np.int32(starts[todo[i]]))
         if transfer is Transfer.PINNED_COPY:
             # Asynchronous DMA into pinned host memory, queued behind chunk k's compute.
             ys = jax.device_put(ys, pinned)
@@ -317,8 +329,12 @@ def stream_to_host(
                 y.copy_to_host_async()
         return ys
 
-    def land(k, ys):
+    def land(i, ys):
+        k = todo[i]
         start, written = starts[k], k * size  # the last chunk's overlap is already written
+        if sink is not None:  # views of the chunk's buffers, which the sink's queue holds
+            sink.write(written, start + size, [np.asarray(y)[written - start :] for y in ys])
+            return
         populating.wait(k, n)
         for flat, y in zip(flats, ys, strict=True):
             # A zero-copy view (CPU memory or pinned host memory), or the runtime's host
@@ -333,8 +349,20 @@ def stream_to_host(
         populate = 0 if transfer is Transfer.VIEW else current().populate_threads
         populating = _Populator(flats, size, populate)
         threads_to_end.callback(populating.close)
-        _in_lanes(dispatch, land, len(starts), int(lanes), size, n, on_progress)
+        _in_lanes(dispatch, land, len(todo), int(lanes), size, n, on_progress)
     return out
+
+
+class ChunkSink(Protocol):
+    """Where `stream_to_host` hands landed chunks instead of host arrays (`_disk_output`)."""
+
+    def written(self, start: int, stop: int) -> bool:
+        """Whether the flat items `[start, stop)` were written whole before."""
+        ...
+
+    def write(self, start: int, stop: int, arrays: Sequence[np.ndarray]) -> None:
+        """Take the flat items `[start, stop)` of every output (kept unchanged after)."""
+        ...
 
 
 #: The populating threads take each output's bytes in blocks of this many (the last one less).

@@ -15,10 +15,12 @@ import jax
 
 __all__ = [
     "HOST_BUDGET_ENV",
+    "OUTPUT_PATH_ENV",
     "configure_memory",
     "free_bytes",
     "host_free_bytes",
     "one_reading",
+    "output_path_setting",
     "read_again",
     "resolve_device",
 ]
@@ -27,6 +29,9 @@ __all__ = [
 #: staging, a CPU's whole work); unset: what the host has available. Read at each call, so
 #: it may change between calls (`configure_memory(host_budget=...)` sets it).
 HOST_BUDGET_ENV = "PYMC_CHUNKPOST_HOST_MEMORY_BUDGET"
+#: The default folder of the disk tier's store (`output_memory="disk"`), where a call gives
+#: none; where set, "auto" may put outputs too large for host memory on disk.
+OUTPUT_PATH_ENV = "PYMC_CHUNKPOST_OUTPUT_PATH"
 
 _ENV = {
     "preallocate": "XLA_PYTHON_CLIENT_PREALLOCATE",
@@ -153,6 +158,11 @@ def host_free_bytes() -> int:
     return available if budget is None else min(available, budget)
 
 
+def output_path_setting() -> str | None:
+    """The disk tier's default store folder (`configure_memory(output_path=...)`), or None."""
+    return os.environ.get(OUTPUT_PATH_ENV) or None
+
+
 def host_budget_setting() -> int | None:
     """The user's host budget (`HOST_BUDGET_ENV`), in bytes; None where unset.
 
@@ -231,6 +241,7 @@ def configure_memory(
     allocator: Literal["default", "platform", "bfc", "cuda_async"] | None = None,
     *,
     host_budget: float | None = None,
+    output_path: str | os.PathLike | None = None,
 ) -> dict[str, str]:
     """Set XLA's GPU client memory settings, and the host memory budget of this package.
 
@@ -251,12 +262,17 @@ def configure_memory(
       CPU everything. By default the host's available memory (cgroup limits included). A
       call that cannot fit raises `MemoryError` before any work; a smaller budget costs
       smaller transfer chunks (more of them), not speed, down to a few MiB per chunk.
+    - `output_path` (`PYMC_CHUNKPOST_OUTPUT_PATH`): the default folder of the disk tier's
+      Zarr store, for calls that pass `output_memory="disk"` without a path; with it set,
+      `output_memory="auto"` writes outputs that fit neither the device nor host memory
+      there (each call needs an empty folder, or `resume=True`).
 
     Args:
         preallocate: whether to preallocate the pool; None leaves the setting as it is.
         mem_fraction: the pool's share of GPU memory; None leaves it as it is.
         allocator: one of "default", "platform", "bfc", "cuda_async"; None leaves it.
         host_budget: bytes of host memory for our calls; None leaves it as it is.
+        output_path: the disk tier's default store folder; None leaves it as it is.
 
     Returns:
         The environment variables set, name to value.
@@ -296,6 +312,13 @@ def configure_memory(
                 f"{host_budget!r}. For example 8 * 2**30 for 8 GiB."
             )
         settings[HOST_BUDGET_ENV] = str(int(host_budget))
+    if output_path is not None:
+        if not isinstance(output_path, str | os.PathLike) or not os.fspath(output_path):
+            raise ValueError(
+                f"`output_path` must be a folder path (str or os.PathLike) or None, got "
+                f"{output_path!r}."
+            )
+        settings[OUTPUT_PATH_ENV] = os.fspath(output_path)
     if xla_settings and _backend_initialised():
         warnings.warn(
             "A JAX backend is already initialised, so XLA memory settings cannot take effect "

@@ -7,6 +7,7 @@ before it touches the draws.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ._chunked import check_chunking
@@ -23,8 +24,9 @@ __all__ = [
 #: The strategies that take `chunk_size`/`n_chunks`.
 CHUNK_STRATEGIES: tuple[str, ...] = ("chunked", "auto")
 #: Where the outputs may live: "device" (the draws' device), "host" (host memory, each chunk
-#: copied there as it is computed), or "auto" (the planner's choice).
-OUTPUT_MEMORY: tuple[str, ...] = ("auto", "device", "host")
+#: copied there as it is computed), "disk" (a Zarr store at an output path, each chunk
+#: written there through host memory), or "auto" (the planner's choice).
+OUTPUT_MEMORY: tuple[str, ...] = ("auto", "device", "host", "disk")
 #: The precisions of float32 products (`jax.default_matmul_precision`'s names), or None for
 #: JAX's default: "highest" is float32's own (on a TPU, six bfloat16 passes; on a CPU or GPU
 #: float32 anyway), "high" three bfloat16 passes on a TPU, "default" one.
@@ -45,6 +47,8 @@ _DEFAULT_NAMES = {
     "memory_budget": "memory_budget",
     "output_memory": "output_memory",
     "matmul_precision": "matmul_precision",
+    "output_path": "output_path",
+    "resume": "resume",
 }
 
 
@@ -71,6 +75,8 @@ def check_options(
     output_memory: Any = "auto",
     matmul_precision: Any = None,
     names: dict[str, str] | None = None,
+    output_path: Any = None,
+    resume: Any = False,
 ) -> None:
     """The checks on the options alone, before any work.
 
@@ -83,6 +89,8 @@ def check_options(
         matmul_precision: the precision of float32 products.
         names: what the caller calls each option, for the messages (pymc's sampler calls
             them `postprocessing_chunk_size`, ...), keyed by the names above.
+        output_path: the disk tier's store (the caller's, or `configure_memory`'s default).
+        resume: continue a store that a run did not finish.
 
     Raises:
         ValueError: naming the option, the value, and what to pass instead.
@@ -106,12 +114,12 @@ def check_options(
         raise ValueError(
             f"`{names['output_memory']}` must be one of {OUTPUT_MEMORY}, got "
             f"{output_memory!r}. Pass 'host' to land the outputs in host memory chunk by "
-            "chunk (for outputs larger than the accelerator), or 'auto' to let the planner "
-            "choose."
+            "chunk (for outputs larger than the accelerator), 'disk' with an output path for "
+            "outputs larger than host memory, or 'auto' to let the planner choose."
         )
-    if output_memory == "host" and strategy not in CHUNK_STRATEGIES:
+    if output_memory in ("host", "disk") and strategy not in CHUNK_STRATEGIES:
         raise ValueError(
-            f"`{names['output_memory']}='host'` streams the outputs to host memory chunk by "
+            f"`{names['output_memory']}={output_memory!r}` streams the outputs chunk by "
             f"chunk, so it applies to the strategies {CHUNK_STRATEGIES}, not to {strategy!r}. "
             f"Pass `{names['strategy']}='chunked'` or 'auto'."
         )
@@ -121,3 +129,20 @@ def check_options(
             f"{matmul_precision!r}. Pass 'highest' for float32's own precision, or None for "
             "JAX's default (on a TPU, float32 products in one bfloat16 pass)."
         )
+    if output_memory == "disk" and output_path is None:
+        raise ValueError(
+            f"`{names['output_memory']}='disk'` writes the outputs into a Zarr store, so it "
+            f"needs `{names['output_path']}` (a folder), or a default path set with "
+            "`pymc_chunkpost.configure_memory(output_path=...)`. `postprocess_samples`, "
+            "`compute_log_*`, `compute_deterministics` and `sample_posterior_predictive` take "
+            "one; the patched `pm.sample` and NumPyro's routes do not write to disk yet."
+        )
+    if output_path is not None and (
+        not isinstance(output_path, str | os.PathLike) or not os.fspath(output_path)
+    ):
+        raise ValueError(
+            f"`{names['output_path']}` must be a folder path (str or os.PathLike) or None, "
+            f"got {output_path!r}."
+        )
+    if not isinstance(resume, bool):
+        raise ValueError(f"`{names['resume']}` must be True or False, got {resume!r}.")

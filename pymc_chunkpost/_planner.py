@@ -38,6 +38,7 @@ import jax
 from . import _executor, _tuning
 from ._chunked import resolve_chunk_size
 from ._config import current
+from ._disk_output import DISK_CHUNK_BYTES, QUEUE_CHUNKS, chunk_draws
 from ._executor import CompileOutOfMemory, Executable, distrust_foreign, persist, release
 from ._host_output import Transfer, default_transfer
 from ._memory import free_bytes
@@ -96,7 +97,7 @@ class _Call:
 
 
 def _host_output_attempt(
-    call: _Call, chunk_size: int | None, why_host: str, held: int = 0
+    call: _Call, chunk_size: int | None, why_host: str, held: int = 0, disk: bool = False
 ) -> Attempt:
     """Chunks computed on the device and landed in host memory: the device holds the draws,
     two chunks' outputs and one chunk's temporaries per lane (`_host_output`); `held`: bytes
@@ -106,7 +107,9 @@ def _host_output_attempt(
     (beside `held`), and host memory bounds the outputs with the chunks in flight to them:
     on an accelerator `STAGED_CHUNKS` per lane within `host_staging_room`; on a CPU, where
     the device's memory is the host's, every lane's compiled chunk. Where host memory cannot
-    hold the outputs, `MemoryError` before any work."""
+    hold the outputs, `MemoryError` before any work. `disk`: the chunks go on to disk
+    (`_disk_output`), so host memory holds the chunks in flight and the writer's queue,
+    never the outputs, and each chunk's outputs keep within `DISK_CHUNK_BYTES`."""
     problem, budget = call.problem, call.budget
     n = problem.n_local
     per_item = problem.per_item_bytes + problem.intermediate_bytes
@@ -115,7 +118,9 @@ def _host_output_attempt(
     if held:  # host memory is the device's: `output_memory_for` checked the host otherwise
         check_budget(problem, budget)
     staged = STAGED_CHUNKS * lanes * output_bytes_per_draw(problem)
-    host_most = n if cpu else max(1, host_staging_room(problem) // staged)
+    if disk:  # and the writer's queue
+        staged += QUEUE_CHUNKS * output_bytes_per_draw(problem)
+    host_most = n if cpu else max(1, host_staging_room(problem, disk) // staged)
     if chunk_size is not None:
         size, why, source = min(chunk_size, n), "as requested", "requested"
     elif problem.device.platform == "cpu":
@@ -137,17 +142,26 @@ def _host_output_attempt(
         most = current().land_chunk_bytes // largest_output_bytes_per_draw(problem)
         if size > most:
             size, why = most, f"at most {mib(current().land_chunk_bytes)} of an output per chunk"
+    if chunk_size is None and disk:
+        # On a CPU, chunks of a few MiB (the cache's rule) pay for themselves in compute
+        # but not in writes: there the chunk is what fits `DISK_CHUNK_BYTES`.
+        aligned = chunk_draws(problem.draws, output_bytes_per_draw(problem), None if cpu else size)
+        if aligned != size:
+            size, why = aligned, f"within {mib(DISK_CHUNK_BYTES)}, a divisor of the draws"
+    where = "on disk" if disk else "in host memory"
     while True:
-        request = _host_request(call, size, lanes)
+        request = _host_request(call, size, lanes, "disk" if disk else "host")
         exe = _compile(call.jax_fn, problem, request)
         if exe is not None:
             # `exe.peak_bytes` (its one owner) counts every lane's chunk alive at once; on a
             # CPU they are in the memory the outputs take.
             peak = held + exe.peak_bytes
-            if peak <= call.limit and (not cpu or held or host_fits(problem, peak)):
+            queued = QUEUE_CHUNKS * size * output_bytes_per_draw(problem) if disk else 0
+            host_ok = not cpu or held or host_fits(problem, peak + queued, disk)
+            if peak <= call.limit and host_ok:
                 streams = f" by {lanes} lanes" if lanes > 1 else ""
                 reason = (
-                    f"Chunks of {size} draws ({why}), each landed in host memory ({why_host})"
+                    f"Chunks of {size} draws ({why}), each landed {where} ({why_host})"
                     f"{streams}: {mib(peak)} on the device, within {budget_text(budget)}."
                 )
                 plan = call.plan(exe, "chunked", reason, source)
@@ -352,11 +366,19 @@ def _vmap_may_fit(problem: Problem, sharing: int) -> bool:
     )
 
 
-def _host_request(call: _Call, size: int, lanes: int) -> Request:
-    """Chunks of `size` landed in host memory by `lanes` threads: nothing donated."""
+def _host_request(call: _Call, size: int, lanes: int, output_memory: str = "host") -> Request:
+    """Chunks of `size` landed in host memory by `lanes` threads (and on to disk, for
+    `output_memory="disk"`): nothing donated."""
     width = vector_width(call.problem)
     return Request(
-        "chunked", Loop.HOST, size, (), call.progress, "host", lanes=lanes, vector_width=width
+        "chunked",
+        Loop.HOST,
+        size,
+        (),
+        call.progress,
+        output_memory,
+        lanes=lanes,
+        vector_width=width,
     )
 
 
@@ -391,6 +413,7 @@ def first_attempt(
     progress: bool = False,
     output_memory: str = "auto",
     use_cache: bool = True,
+    disk: bool = False,
 ) -> Attempt:
     """The first thing to try for a call.
 
@@ -402,8 +425,9 @@ def first_attempt(
         chunk_size: a requested chunk size (for "auto"/"chunked"), already resolved.
         donate: input indices handed to XLA.
         progress: compile with progress reporting.
-        output_memory: "auto", "device" or "host" (see `output_memory_for`).
+        output_memory: "auto", "device", "host" or "disk" (see `output_memory_for`).
         use_cache: read and write the tuning cache ("auto" only).
+        disk: an output path is set, so "auto" may choose "disk".
 
     Raises:
         MemoryError: the budget cannot hold the outputs, or a fixed strategy's compiled peak
@@ -414,7 +438,9 @@ def first_attempt(
     call = _Call(jax_fn, problem, budget, tuple(donate), progress, time.perf_counter())
     planned = strategy in ("auto", "chunked")
     if planned:
-        where, why_host = output_memory_for(problem, output_memory, budget)
+        where, why_host = output_memory_for(problem, output_memory, budget, disk)
+        if where == "disk":
+            return _host_output_attempt(call, chunk_size, why_host, disk=True)
         if where == "host":
             held = problem.output_bytes if host_is_the_device(problem, output_memory) else 0
             return _host_output_attempt(call, chunk_size, why_host, held)
@@ -827,7 +853,7 @@ def _smaller_attempt(
         loop = Loop.NONE
     if loop is Loop.NONE:  # a plan without a loop of ours: the planner's loop for chunks
         loop = loop_for(problem)
-    host = failed is not None and failed.exe.output_memory == "host"
+    host = failed is not None and failed.exe.output_memory in ("host", "disk")
     _check_retry(problem, failed_strategy, current_size, error, lost, host)
     size = smaller(n, current_size)
     warn(
@@ -837,7 +863,8 @@ def _smaller_attempt(
     while True:
         if host:
             lanes = failed.exe.request.lanes if failed is not None else 1
-            request = _host_request(call, size, lanes)
+            where = failed.exe.output_memory if failed is not None else "host"
+            request = _host_request(call, size, lanes, where)
         else:
             request = call.request("chunked", loop, size)
         exe = _compile(call.jax_fn, problem, request)
@@ -918,3 +945,19 @@ def _effective_chunk(problem: Problem, strategy: str) -> int:
         "scan_vmap": draws,
         "nested_scan": 1,
     }.get(strategy, problem.n_local)
+
+
+def stored_plan(problem: Problem) -> Plan:
+    """The plan of a call resumed on a complete store: nothing to compute or compile."""
+    return Plan(
+        strategy="chunked",
+        chunk_size=None,
+        n_chunks=None,
+        output_bytes=problem.output_bytes,
+        peak_bytes=0,
+        budget_bytes=None,
+        reason="The store at the output path was complete: nothing was computed.",
+        loop=Loop.HOST,
+        source="requested",
+        output_memory="disk",
+    )

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from . import _disk_output, _postprocess
 from ._cache import FunctionCache
 from ._graph import jaxify
+from ._memory import output_path_setting
 from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
 from ._route import Options, as_draws, cached_graph, evaluate, fall_back, split
 
@@ -252,8 +254,9 @@ def compute_deterministics(
         return fall_back(
             name, Fallback(graph, logging.WARNING), original, original_object, **pymc_args
         )
-    values = _evaluate(graph, draws, ours, "Computing deterministics")
-    new_dataset = _to_dataset(model, graph.output_names, values, draws, sample_dims)
+    label = "Computing deterministics"
+    where = "posterior" if group is None else group
+    new_dataset = _dataset(model, graph, draws, ours, label, sample_dims, where)
     if pymc_args.get("extend_dataset"):
         dataset.update(new_dataset)
         return original_object
@@ -297,13 +300,13 @@ def _log_density(kind: str, arguments: dict[str, Any]) -> Any:
     graph = _graph(model, key, build)
     if isinstance(graph, str):
         return fall_back(name, Fallback(graph, logging.WARNING), original, idata, **pymc_args)
+    label, sample_dims = f"Computing log-{kind}", pymc_args["sample_dims"]
     try:
-        values = _evaluate(graph, draws, ours, f"Computing log-{kind}")
+        result = _dataset(model, graph, draws, ours, label, sample_dims, f"log_{kind}")
     except MemoryError as error:
         if kind != "likelihood":
             raise
         raise MemoryError(f"{error} {_LOO_HINT}") from error
-    result = _to_dataset(model, graph.output_names, values, draws, pymc_args["sample_dims"])
     if not pymc_args["extend_inferencedata"]:
         return result
     if pymc6():
@@ -540,10 +543,65 @@ def _jaxify(model: Any, inputs: list, outputs: list, names: list[str]) -> _Graph
     return _Graph(jax_fn, [v.name for v in inputs], list(outputs), names)
 
 
-def _evaluate(graph: _Graph, draws: _Draws, options: Options, label: str) -> list[np.ndarray]:
-    """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes."""
+def _dataset(
+    model: Any,
+    graph: _Graph,
+    draws: _Draws,
+    options: Options,
+    label: str,
+    sample_dims: Sequence[str],
+    group: str,
+) -> Any:
+    """The `Dataset` of every output over every draw, as pymc builds it: in memory, or,
+    where the outputs went to disk (`output_memory="disk"`, or "auto" with an output path),
+    opened lazily from the store's `group`.
+
+    Raises:
+        ValueError: outputs asked on disk with other sample dims than
+            `("chain", "draw")`, before any work.
+    """
+    path = options.engine.get("output_path") or output_path_setting()
+    where = options.engine.get("output_memory", "auto")
+    if tuple(sample_dims) != ("chain", "draw") and where != "disk":
+        path = None  # "auto" never puts other sample dims on disk
+    store = None
+    if path is not None and where in ("auto", "disk"):
+        if tuple(sample_dims) != ("chain", "draw"):
+            raise ValueError(
+                f"Outputs on disk are stored with the sample dims ('chain', 'draw'), got "
+                f"`sample_dims={tuple(sample_dims)}`. Pass the posterior with its chain and "
+                "draw dims, or `output_memory='host'`."
+            )
+        from pymc.backends.arviz import coords_and_dims_for_inferencedata
+
+        coords, dims = coords_and_dims_for_inferencedata(model)
+        samples = {d: np.asarray(v.values) for d, v in draws.stacked_dims.items()}
+        store = _postprocess.StoreLayout(
+            graph.output_names, group, dims, {**coords, **samples}, graph.dtypes
+        )
+    if path is not None:
+        options = options.with_engine(output_path=path)
+    values = _evaluate(graph, draws, options, label, store)
+    if values is None:
+        return _disk_output.open_group(path, group)[graph.output_names]  # pymc's order
+    return _to_dataset(model, graph.output_names, values, draws, sample_dims)
+
+
+def _evaluate(
+    graph: _Graph,
+    draws: _Draws,
+    options: Options,
+    label: str,
+    store: _postprocess.StoreLayout | None = None,
+) -> list[np.ndarray] | None:
+    """Every output over every draw, as writable numpy arrays of pymc's shapes and dtypes;
+    None where they went to disk, laid out as `store` says."""
     arrays = [draws.arrays[name] for name in graph.input_names]
-    values = evaluate(graph.jax_fn, arrays, options, label, host_inputs=arrays)
+    values, on_disk = evaluate(
+        graph.jax_fn, arrays, options, label, host_inputs=arrays, store=store
+    )
+    if on_disk:
+        return None
     for i, (array, dtype) in enumerate(zip(values, graph.dtypes)):
         array = array.reshape(draws.sample_shape + array.shape[2:])
         values[i] = array if array.dtype == dtype else array.astype(dtype)

@@ -10,24 +10,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from . import _planner, _resources
+from . import _disk_output, _planner, _resources
 from ._chunked import resolve_chunk_size
 from ._executor import CompileOutOfMemory, execute
-from ._memory import one_reading, read_again, resolve_device
+from ._memory import one_reading, output_path_setting, read_again, resolve_device
 from ._options import CHUNK_STRATEGIES, check_options
 from ._planner import Attempt
 from ._problem import Problem, analyse, locate
 from ._progress import progress_bar
 from ._types import Plan
 
-__all__ = ["postprocess_samples", "plan", "run"]
+__all__ = ["StoreLayout", "postprocess_samples", "plan", "run"]
 
 
 def postprocess_samples(
@@ -43,7 +45,9 @@ def postprocess_samples(
     progressbar: bool = False,
     output_memory: str = "auto",
     matmul_precision: str | None = None,
-) -> list[jax.Array]:
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
+) -> list[Any]:
     """Constrain raw NUTS draws and compute deterministics, draw by draw.
 
     A drop-in for `pymc.sampling.jax._postprocess_samples`, with the same positional
@@ -89,7 +93,19 @@ def postprocess_samples(
             in a numpy array in host memory, so the device holds only the draws and two
             chunks (for outputs larger than an accelerator; on a CPU it costs one extra copy
             of every output byte); "auto" (default): "device" when the outputs fit its free
-            memory, else "host" on an accelerator that has host memory (docs/memory.md).
+            memory, else "host" on an accelerator that has host memory, else "disk" where
+            an output path is set (docs/memory.md). "disk": each chunk lands in host memory
+            and a writer thread writes it into a Zarr store at `output_path`, while the
+            device computes the next: host memory holds a few chunks, never the outputs
+            (for outputs larger than host memory; costs the disk's write time, overlapped
+            with compute). Needs zarr (`pip install "pymc-chunkpost[disk]"`).
+        output_path: the folder of the Zarr store for "disk" (and for "auto", which may
+            then choose it); it must be empty or absent, unless `resume`. Defaults to
+            `configure_memory(output_path=...)`'s setting. The outputs are in its group
+            `posterior`, named `output_0`, ...; `open_outputs(path)` reopens it.
+        resume: continue the store at `output_path` that a run of the same outputs did not
+            finish: the chunks it wrote whole are kept, the others computed (the same
+            values as a run never interrupted). A complete store is returned as it is.
         matmul_precision: the precision of float32 products (dots, convolutions), one of
             `MATMUL_PRECISIONS`: None (default) is JAX's, as pymc's own JAX post-processing
             has it; on a TPU that is one bfloat16 pass, whose error can reach 1e-2 of a
@@ -99,7 +115,8 @@ def postprocess_samples(
 
     Returns:
         One array per output of `jax_fn`, of shape `(chains, draws, ...)`: `jax.Array`s on
-        the draws' devices, or numpy arrays with the outputs in host memory.
+        the draws' devices, numpy arrays with the outputs in host memory, or read-only Zarr
+        arrays backed by the store on disk (slicing one reads that slice alone).
 
     Raises:
         ValueError: bad input, raised before any work; the caller's arrays are untouched.
@@ -107,6 +124,8 @@ def postprocess_samples(
             out-of-memory failure that persists down to one draw per chunk (the draws are
             then still intact).
     """
+    if output_path is None:  # `configure_memory`'s default, for this public entry
+        output_path = output_path_setting()
     return run(
         jax_fn,
         raw_mcmc_samples,
@@ -119,6 +138,8 @@ def postprocess_samples(
         progressbar=progressbar,
         output_memory=output_memory,
         matmul_precision=matmul_precision,
+        output_path=output_path,
+        resume=resume,
     )[0]
 
 
@@ -173,25 +194,35 @@ def run(
     memory_budget: float | None = None,
     progressbar: bool = False,
     output_memory: str = "auto",
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
+    store: StoreLayout | None = None,
     progress_label: str = "Transforming variables",
     one_draw_programs: bool = False,
     random: bool = False,
     matmul_precision: str | None = None,
 ) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
-    progress bar (each route says what it computes). `one_draw_programs`: `jax_fn`, mapped, computes
-    one draw at a time (`Problem.one_draw_programs`); `random`: it draws random numbers
-    (`Problem.random`)."""
+    progress bar (each route says what it computes). `one_draw_programs`: `jax_fn`,
+    mapped, computes one draw at a time (`Problem.one_draw_programs`); `random`: it draws
+    random numbers (`Problem.random`). `output_path`: the disk tier's store, as the route
+    resolved it (a route that passes none never writes to disk). `store`: the names, group,
+    dims and coords of the outputs on disk (by default `posterior/output_<j>`)."""
     strategy = postprocessing_vectorize
-    check_options(strategy, chunk_size, n_chunks, memory_budget, output_memory, matmul_precision)
+    options = (chunk_size, n_chunks, memory_budget, output_memory, matmul_precision)
+    check_options(strategy, *options, output_path=output_path, resume=resume)
     with one_reading():  # the machine's free memory, read once for the whole call
         # Invariant: `jax_fn` is traced here only (`analyse`), and its products keep the
         # precision they were traced with.
         with _matmul_precision(matmul_precision):
             problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
         problem = dataclasses.replace(problem, one_draw_programs=one_draw_programs, random=random)
+        target = _DiskTarget.of(problem, output_memory, output_path, resume, store)
+        if target is not None and (arrays := target.complete_arrays()) is not None:
+            return arrays, _planner.stored_plan(problem)
         one_by_one = _resources.shard_by_shard(problem)
         if one_by_one is not None:
+            _DiskTarget.refuse(target, one_by_one)
             return _run_shard_by_shard(
                 jax_fn,
                 samples,
@@ -217,14 +248,8 @@ def run(
         if chunk_size is not None or n_chunks is not None:
             size = resolve_chunk_size(problem.n_local, chunk_size, n_chunks)
         request = _Request(strategy, budget, size, progressbar, output_memory, progress_label)
-        attempt, computed = _attempts(jax_fn, problem, placed, donate, request)
-    for i in donate:  # what donation frees, once nothing can fail any more
-        if not placed[i].is_deleted():
-            placed[i].delete()
-    it = iter(computed)
-    outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
-    if attempt.exe.output_memory == "host":
-        outputs = _from_host(outputs, problem, output_memory)
+        attempt, computed = _attempts(jax_fn, problem, placed, donate, request, target)
+    outputs = _assemble(computed, attempt, placed, donate, problem, output_memory, target)
     return outputs, _planner.finished(attempt)
 
 
@@ -241,10 +266,16 @@ class _Request:
 
 
 def _attempts(
-    jax_fn: Callable, problem: Problem, placed: list, donate: Sequence[int], request: _Request
+    jax_fn: Callable,
+    problem: Problem,
+    placed: list,
+    donate: Sequence[int],
+    request: _Request,
+    target: _DiskTarget | None,
 ) -> tuple[Attempt, list[Any]]:
     """The planner's attempts run until one succeeds (the planner decides what follows an
-    out-of-memory failure, or raises); the one that ran and its computed outputs.
+    out-of-memory failure, or raises); the one that ran and its computed outputs (where
+    they go to disk, into `target`'s store).
 
     Invariant: after a failure the machine's free memory is read again (`read_again`), once
     what the failed attempt held is released.
@@ -265,9 +296,10 @@ def _attempts(
                     donate=xla_donate,
                     progress=request.progressbar,
                     output_memory=request.output_memory,
+                    disk=target is not None,
                 )
             with progress_bar(problem.n_items, request.progress_label, request.progressbar):
-                computed = execute(attempt.exe, placed, attempt.tuner)
+                computed = _execute(attempt, placed, target, problem)
                 jax.block_until_ready(computed)
             return attempt, computed
         except (jax.errors.JaxRuntimeError, CompileOutOfMemory) as error:
@@ -298,6 +330,157 @@ def _matmul_precision(precision: str | None) -> contextlib.AbstractContextManage
     if precision is None:
         return contextlib.nullcontext()
     return jax.default_matmul_precision(precision)
+
+
+def _assemble(
+    computed: list[Any],
+    attempt: Attempt,
+    placed: list,
+    donate: Sequence[int],
+    problem: Problem,
+    output_memory: str,
+    target: _DiskTarget | None,
+) -> list[Any]:
+    """Once every chunk has succeeded: free the donated draws, and return every output,
+    the passed-through draws included (on disk: the store's arrays)."""
+    stored = None
+    if target is not None and target.sink is not None:  # may fail: before any donation
+        stored = target.finish(attempt.exe, placed, problem)
+    for i in donate:  # what donation frees, once nothing can fail any more
+        if not placed[i].is_deleted():
+            placed[i].delete()
+    if stored is not None:
+        return stored
+    it = iter(computed)
+    outputs: list[Any] = [next(it) if k is None else placed[k] for k in problem.forwarded]
+    if attempt.exe.output_memory == "host":
+        outputs = _from_host(outputs, problem, output_memory)
+    return outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreLayout:
+    """How a route names its outputs in the disk tier's store.
+
+    Attributes:
+        names: one name per output (None: `output_0`, ...).
+        group: the store's group (an InferenceData group: `posterior`, `log_likelihood`).
+        dims: each output's dims after `("chain", "draw")`, by name (the rest
+            `<name>_dim_<i>`).
+        coords: coordinate values by dim name (`chain` and `draw` default to `0..n-1`).
+        dtypes: each output's dtype in the store (None: the computed ones).
+    """
+
+    names: Sequence[str] | None = None
+    group: str = "posterior"
+    dims: Mapping[str, Sequence[str]] | None = None
+    coords: Mapping[str, Any] | None = None
+    dtypes: Sequence[Any] | None = None
+
+
+def _execute(
+    attempt: Attempt, placed: list, target: _DiskTarget | None, problem: Problem
+) -> list[Any]:
+    """`execute` the attempt; where it writes to disk, into the target's store (chunks of
+    the computed outputs to its sink), which a failure abandons."""
+    on_disk = {} if target is None else target.sink_for(attempt.exe, problem)
+    try:
+        return execute(attempt.exe, placed, attempt.tuner, **on_disk)
+    except BaseException:
+        if target is not None:
+            target.abandon()
+        raise
+
+
+@dataclasses.dataclass
+class _DiskTarget:
+    """A call's store on disk, where its outputs may go: checked, opened once the planner
+    has chosen it, finished or abandoned (`_disk_output`)."""
+
+    path: Path
+    stored: list[Any]
+    resume: bool
+    coords: Mapping[str, Any] | None
+    checked: bool
+    sink: _disk_output.DiskSink | None = None
+
+    @classmethod
+    def of(
+        cls,
+        problem: Problem,
+        output_memory: str,
+        output_path: Any,
+        resume: bool,
+        store: StoreLayout | None,
+    ) -> _DiskTarget | None:
+        """The target where outputs may go to disk (a path, "disk" or "auto"), else None;
+        for "disk", the place is checked now, before any work ("auto" checks it once it
+        has chosen it)."""
+        if output_path is None or output_memory not in ("auto", "disk"):
+            return None
+        layout = store or StoreLayout()
+        stored = _disk_output.outputs_for(
+            problem.out_specs, layout.names, layout.group, layout.dims, layout.dtypes
+        )
+        target = cls(Path(os.fspath(output_path)), stored, resume, layout.coords, False)
+        if output_memory == "disk":
+            target.check(problem)
+        return target
+
+    def check(self, problem: Problem) -> None:
+        _disk_output.check_place(
+            self.path, self.stored, problem.output_bytes, resume=self.resume, name="output_path"
+        )
+        self.checked = True
+
+    def complete_arrays(self) -> list[Any] | None:
+        """Resumed on a complete store (checked): its arrays, with nothing to compute."""
+        if not (self.checked and self.resume and self.path.is_dir()):
+            return None
+        if not any(self.path.iterdir()) or not _disk_output.open_outputs(self.path).complete:
+            return None
+        return _disk_output.stored_arrays(self.path, self.stored)
+
+    def sink_for(self, exe: Any, problem: Problem) -> dict[str, Any]:
+        """`execute`'s keywords for `exe`: the sink of its computed outputs where it writes
+        to disk (the store made, or reopened, at the first such executable)."""
+        if exe.output_memory != "disk":
+            return {}
+        if self.sink is None:
+            if not self.checked:
+                self.check(problem)
+            self.sink = _disk_output.create_or_resume(
+                self.path,
+                self.stored,
+                resume=self.resume,
+                coords=self.coords,
+                draws_per_chunk=exe.chunk_size,
+            )
+        return {"sink": self.sink.with_computed(problem.computed)}
+
+    def abandon(self) -> None:
+        """Stop the writer after a failure: what it wrote whole stays marked, and a retry
+        reopens the store and keeps it."""
+        if self.sink is not None:
+            self.sink.abandon()
+            self.sink, self.resume = None, True
+
+    @staticmethod
+    def refuse(target: _DiskTarget | None, one_by_one: str) -> None:
+        """Raise `ValueError` for outputs that may go to disk from draws run shard by shard."""
+        if target is not None:
+            raise ValueError(
+                "The disk tier streams the draws of one device, or of devices split on the "
+                f"chain axis; these draws must run shard by shard ({one_by_one}). Pass "
+                "`postprocessing_backend='cpu'` with draws on one device, or another "
+                "`output_memory`."
+            )
+
+    def finish(self, exe: Any, placed: list, problem: Problem) -> list[Any]:
+        """The store completed, the passed-through draws written to it too; its arrays."""
+        assert self.sink is not None
+        passed = {j: placed[k] for j, k in enumerate(problem.forwarded) if k is not None}
+        return self.sink.finish(passed, int(exe.chunk_size or problem.n_local))
 
 
 def _from_host(outputs: list[Any], problem: Problem, output_memory: str) -> list[Any]:

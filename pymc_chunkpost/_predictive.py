@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,8 +38,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _postprocess
 from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
+from ._memory import output_path_setting
 from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
 from ._route import Options, as_draws, cached_graph, evaluate, fall_back, split
 
@@ -77,6 +80,8 @@ def sample_posterior_predictive(
     memory_budget: int | float | None = None,
     output_memory: str = "auto",
     matmul_precision: str | None = "highest",
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
 ) -> Any:
     """Draw the posterior predictive: every draw's forward samples in one compiled program.
 
@@ -120,8 +125,14 @@ def sample_posterior_predictive(
         n_chunks: alternatively, the number of chunks.
         memory_budget: bytes the outputs and temporaries may take; default the device's
             free memory. The outputs (draws x every requested variable) are the floor.
-        output_memory: "auto", "device" or "host": where the outputs live while computed
-            ("host" lands each chunk in host memory, for outputs larger than the device).
+        output_memory: "auto", "device", "host" or "disk": where the outputs live while
+            computed ("host" lands each chunk in host memory, for outputs larger than the
+            device; "disk" writes each chunk into a Zarr store at `output_path`, and the
+            drawn variables of the result are read from it lazily: docs/memory.md). "auto"
+            chooses disk only with a path, for draws with two sample dims.
+        output_path: the store's folder for "disk" (default: `configure_memory`'s); its
+            group is "posterior_predictive" (or "predictions").
+        resume: continue a store that a run of the same call did not finish.
         matmul_precision: the precision of float32 products, as in
             `compute_log_likelihood`: "highest" (default) is float32's own on any device.
 
@@ -168,13 +179,24 @@ def _sample(arguments: dict[str, Any]) -> Any:
             Fallback(built, logging.WARNING), trace, pymc_args
         )  # logs what it samples
     _pymc_log.info(f"Sampling: [{', '.join(forward.sampled)}]")
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
+    group = "predictions" if pymc_args.get("predictions") else "posterior_predictive"
+    on_disk = None
     if built is not None:
-        values = _evaluate(built, forward, read, pymc_args.get("random_seed"), options)
+        seed = pymc_args.get("random_seed")
+        values, on_disk = _evaluate(built, forward, read, seed, options, group, model)
     for name in forward.copied:
         values[name] = np.array(read.values(name))
     ppc = {name: values[name] for name in forward.names}
-    return _pack(ppc, model, pymc_args, read)
+    if on_disk is None or built is None or not pymc_args["return_inferencedata"]:
+        return _pack(ppc, model, pymc_args, read)
+    drawn = built.output_names
+    placeholders = {  # no memory: pymc packs them, then the store's variables replace them
+        name: np.broadcast_to(np.zeros((), x.dtype), x.shape) if name in drawn else x
+        for name, x in ppc.items()
+    }
+    result = _pack(placeholders, model, pymc_args, read)
+    return _from_store(result, on_disk, group, drawn)
 
 
 # --- arguments ----------------------------------------------------------------------------
@@ -203,6 +225,8 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], Options]:
         arguments,
         skip=("trace",),
     )
+    path = options.engine.get("output_path") or output_path_setting()
+    options = options.with_engine(output_path=path)
     if pymc_args.get("progressbar_theme", False) is None:  # None: pymc's default
         del pymc_args["progressbar_theme"]
     sample_dims = pymc_args.get("sample_dims")
@@ -731,10 +755,67 @@ def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> n
     return out
 
 
+def _store_for(model: Any, built: _Built, read: _Trace, ours: dict[str, Any], group: str) -> Any:
+    """Where the outputs may go to disk (`_postprocess.StoreLayout`), or None: a path is set,
+    `output_memory` is "disk" or "auto", and the trace has two sample dims (else "disk" is
+    refused, "auto" keeps to memory).
+
+    Raises:
+        ValueError: "disk" asked of a trace without two sample dims, before any work.
+    """
+    where = ours.get("output_memory", "auto")
+    if ours.get("output_path") is None or where not in ("auto", "disk"):
+        return None
+    if len(read.sample_shape) != 2 or read.stacked_dims is None:
+        if where == "disk":
+            raise ValueError(
+                "`output_memory='disk'` stores draws with two sample dims (chain, draw); "
+                "this trace has other ones, or is a list of points. Pass the posterior "
+                "with its chain and draw dims, or `output_memory='host'`."
+            )
+        return None
+    from pymc.backends.arviz import coords_and_dims_for_inferencedata
+
+    coords, dims = coords_and_dims_for_inferencedata(model)
+    sample = dict(zip(["chain", "draw"], [np.asarray(v) for v in read.stacked_dims.values()]))
+    return _postprocess.StoreLayout(built.output_names, group, dims, {**coords, **sample})
+
+
+def _from_store(result: Any, path: Any, group: str, names: Sequence[str]) -> Any:
+    """`result` (pymc's packing, with placeholders for `names` in `group`) with those
+    variables read lazily from the store at `path`, under pymc's dims."""
+    from ._disk_output import open_group
+
+    stored = open_group(path, group)
+    packed = result[group]
+    dataset = packed.to_dataset() if hasattr(packed, "to_dataset") else packed
+    for name in names:
+        variable = stored[name]
+        renamed = dict(zip(variable.dims, dataset[name].dims))
+        dataset[name] = variable.rename({k: v for k, v in renamed.items() if k != v}).assign_attrs(
+            dataset[name].attrs
+        )
+    if pymc6():
+        result[group] = dataset
+    else:
+        setattr(result, group, dataset)
+    return result
+
+
 def _evaluate(
-    built: _Built, forward: _Forward, read: _Trace, random_seed: Any, options: Options
-) -> dict[str, np.ndarray]:
-    """Every output at every draw, as writable numpy arrays of pymc's shapes."""
+    built: _Built,
+    forward: _Forward,
+    read: _Trace,
+    random_seed: Any,
+    options: Options,
+    group: str = "posterior_predictive",
+    model: Any = None,
+) -> tuple[dict[str, Any], Any]:
+    """Every output at every draw, as writable numpy arrays of pymc's shapes, and None; or,
+    where they went to disk, the store's Zarr arrays and the store's path."""
+    store = None if model is None else _store_for(model, built, read, options.engine, group)
+    if store is None:
+        options = options.with_engine(output_path=None)
     n_sample_dims = len(read.sample_shape)
     arrays = []
     for name, var in zip(built.input_names, forward.inputs, strict=True):
@@ -744,11 +825,16 @@ def _evaluate(
     lead = read.sample_shape if len(read.sample_shape) == 2 else (1, n_draws)
     keys = _seed_and_index(random_seed, lead, built)
     label = f"Sampling {', '.join(built.output_names)}"
-    values = evaluate(built.fn, [keys, *arrays], options, label, random=True, host_inputs=arrays)
-    return {
+    values, on_disk = evaluate(
+        built.fn, [keys, *arrays], options, label, random=True, host_inputs=arrays, store=store
+    )
+    if on_disk:
+        return dict(zip(built.output_names, values)), options.engine["output_path"]
+    shaped = {
         name: array.reshape(read.sample_shape + array.shape[2:])
         for name, array in zip(built.output_names, values)
     }
+    return shaped, None
 
 
 # --- the result, as pymc packs it ---------------------------------------------------------

@@ -78,7 +78,8 @@ class Request:
         chunk_size: draws per chunk (per shard), or None.
         donate: the input indices handed to XLA.
         progress: whether it reports progress.
-        output_memory: "device", or "host" (chunks landed in numpy arrays; nothing donated).
+        output_memory: "device", "host" (chunks landed in numpy arrays; nothing donated), or
+            "disk" (the same chunks, handed on to a Zarr store, `_disk_output`).
         segmented: an XLA loop in host-dispatched segments even without progress (the
             tuner switches chunk sizes between segments).
         library_fusions: whether XLA's CPU library fusions stay on (the default); False
@@ -169,7 +170,7 @@ def program_for(jax_fn: Callable, problem: Problem, request: Request) -> Program
     ):
         raise ValueError("Only an XLA loop on a CPU compiles without library fusions.")
     bind = _binder(jax_fn, problem)
-    if request.output_memory == "host":
+    if request.output_memory in ("host", "disk"):  # disk: the host's chunks, then a store
         return _to_host(bind, problem, request)
     if request.loop is Loop.HOST or request.segments or _segmented_off_cpu(problem, request):
         return _stepped(bind, problem, request)

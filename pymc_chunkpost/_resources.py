@@ -55,15 +55,25 @@ def check_budget(problem: Problem, budget: int | None) -> None:
             f"Post-processing needs at least {mib(per_device)} per device for its outputs "
             f"({problem.chains} chains x {problem.draws} draws), but the memory budget is "
             f"{mib(budget)}. Free memory, {where}, post-process fewer variables "
-            "(`var_names`), or thin the draws. Nothing was run; the draws are untouched."
+            f"(`var_names`), thin the draws, or {DISK_WORDS}. Nothing was run; the draws "
+            "are untouched."
         )
 
 
-def host_staging_room(problem: Problem) -> int:
+#: How the messages of a host too small name the disk tier.
+DISK_WORDS = (
+    "write the outputs to disk (`output_memory='disk', output_path=...`, or a default path "
+    "through `pymc_chunkpost.configure_memory(output_path=...)`, which 'auto' then uses)"
+)
+
+
+def host_staging_room(problem: Problem, disk: bool = False) -> int:
     """Bytes of host memory that the chunks in flight to outputs in host memory may take:
     `host_staging_bytes`, or less where the host has less beside the outputs and
-    `host_margin_bytes` (negative: not even that)."""
-    room = host_free_bytes() - problem.output_bytes - _host_margin()
+    `host_margin_bytes` (negative: not even that). `disk`: the outputs go on to disk, so
+    host memory holds none of them."""
+    held = 0 if disk else problem.output_bytes
+    room = host_free_bytes() - held - _host_margin()
     return min(current().host_staging_bytes, room)
 
 
@@ -86,15 +96,16 @@ def check_host(problem: Problem, lanes: int = 1) -> None:
         f"The outputs need {mib(problem.output_bytes)} of host memory ({problem.chains} "
         f"chains x {problem.draws} draws; {mib(needed)} with the chunks in flight and a "
         f"margin), but host memory has {mib(host)} for them ({_host_budget_source()}). "
-        f"Post-process fewer variables (`var_names`), thin the draws, or {_host_budget_words()}. "
-        "Nothing was run; the draws are untouched."
+        f"Post-process fewer variables (`var_names`), thin the draws, {_host_budget_words()}, "
+        f"or {DISK_WORDS}. Nothing was run; the draws are untouched."
     )
 
 
-def host_fits(problem: Problem, staging: int) -> bool:
+def host_fits(problem: Problem, staging: int, disk: bool = False) -> bool:
     """Whether host memory holds the outputs, `staging` bytes beside them (a CPU's chunks
-    in flight, which live in the same memory) and `host_margin_bytes`."""
-    needed = problem.output_bytes + staging + _host_margin()
+    in flight, which live in the same memory) and `host_margin_bytes`; `disk`: the outputs
+    go on to disk, and only `staging` and the margin count."""
+    needed = (0 if disk else problem.output_bytes) + staging + _host_margin()
     return needed <= host_free_bytes()
 
 
@@ -246,13 +257,18 @@ def spread(problem: Problem) -> Problem:
     return problem
 
 
-def output_memory_for(problem: Problem, request: str, budget: int | None) -> tuple[str, str]:
-    """Where the outputs go, "device" or "host", and why: the one place this is decided.
+def output_memory_for(
+    problem: Problem, request: str, budget: int | None, disk: bool = False
+) -> tuple[str, str]:
+    """Where the outputs go, "device", "host" or "disk", and why: the one place this is
+    decided.
 
     "auto" keeps them on the device when they fit its budget with room for one draw's work;
     otherwise, on an accelerator with a host memory kind, they land in host memory chunk by
     chunk. On a CPU, where both are the same RAM, it chooses "host" only for lanes
-    (`lanes_for`): chunks streamed by several host threads at once.
+    (`lanes_for`): chunks streamed by several host threads at once. Where neither holds
+    them and `disk` (an output path is set), they go on to disk, chunk by chunk; "auto"
+    never chooses disk without a path.
 
     Raises:
         ValueError: "host" asked of draws split over several devices, or of an accelerator
@@ -283,6 +299,15 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
             )
         check_host(problem, lanes_for(problem)[0])
         return "host", "as requested"
+    if request == "disk":
+        if not can_stream:
+            raise ValueError(
+                "`output_memory='disk'` streams chunks through host memory to disk, but "
+                "these draws cannot be streamed (split on their draw axis, over several "
+                "processes, or on a device without host memory). Pass `output_memory="
+                "'device'` (or 'auto'). Nothing was run."
+            )
+        return "disk", "as requested"
     room = per_device + problem.per_item_bytes + problem.intermediate_bytes
     fits = budget is None or room <= budget
     lanes, why_lanes = lanes_for(problem)
@@ -290,6 +315,12 @@ def output_memory_for(problem: Problem, request: str, budget: int | None) -> tup
         return "host", f"{why_lanes}: lanes of chunks stream into it on {lanes} cores"
     if fits:
         return "device", "they fit the device's budget"
+    on_disk = (
+        f"the outputs ({mib(problem.output_bytes)}) exceed {budget_text(budget)} and host "
+        "memory: chunk by chunk to the output path"
+    )
+    if disk and can_stream and (device.platform == "cpu" or not host_fits(problem, 0)):
+        return "disk", on_disk
     if device.platform == "cpu" or not can_stream:
         return "device", "no host memory to stream to"  # check_budget raises what is short
     check_host(problem, lanes)

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _postprocess
 from ._cache import FunctionCache
-from ._memory import resolve_device
+from ._memory import output_path_setting, resolve_device
 from ._options import check_options
 from ._pymc_model import Fallback, fingerprint, host_array
 
@@ -59,6 +59,8 @@ OPTIONS: tuple[str, ...] = (
     "memory_budget",
     "output_memory",
     "matmul_precision",
+    "output_path",
+    "resume",
 )
 
 
@@ -78,6 +80,10 @@ class Options:
     progressbar: bool
     engine: dict[str, Any]
 
+    def with_engine(self, **changes: Any) -> Options:
+        """These options with `changes` to the engine's."""
+        return dataclasses.replace(self, engine=self.engine | changes)
+
     def check(self) -> None:
         """Every check of the options alone, before any work.
 
@@ -92,6 +98,8 @@ class Options:
             engine.get("memory_budget"),
             engine.get("output_memory", "auto"),
             engine.get("matmul_precision"),
+            output_path=engine.get("output_path") or output_path_setting(),
+            resume=engine.get("resume", False),
         )
         # None is the default device, which every JAX has: not looked up here, so that a
         # call handed to pymc's own function starts no JAX backend (whose start logs).
@@ -217,12 +225,15 @@ def evaluate(
     *,
     random: bool = False,
     host_inputs: Sequence[np.ndarray] = (),
-) -> list[np.ndarray]:
+    store: Any = None,
+) -> tuple[list[Any], bool]:
     """Every output of `jax_fn` at every draw of `arrays` (`(chains, draws, ...)` each), by
-    the engine within `options`, as writable numpy arrays (copies only of outputs that share
-    memory with `host_inputs`, the caller's draws). `random`: `jax_fn` draws random numbers
-    (`Problem.random`)."""
-    outputs, _ = _postprocess.run(
+    the engine within `options`: writable numpy arrays (copies only of outputs that share
+    memory with `host_inputs`, the caller's draws), and False; or, where they went to disk,
+    laid out as `store` (a `_postprocess.StoreLayout`) says, the store's arrays and True.
+    `random`: `jax_fn` draws random numbers (`Problem.random`)."""
+    engine = options.engine if store is None else options.engine | {"store": store}
+    outputs, plan = _postprocess.run(
         jax_fn,
         list(arrays),
         options.backend,
@@ -231,9 +242,11 @@ def evaluate(
         progressbar=options.progressbar,
         progress_label=label,
         random=random,
-        **options.engine,
+        **engine,
     )
-    values: list[np.ndarray] = []
+    if plan.output_memory == "disk":
+        return list(outputs), True
+    values: list[Any] = []
     while outputs:  # each output handed over, and released here, in turn
         values.append(host_array(outputs.pop(0), host_inputs))
-    return values
+    return values, False

@@ -58,7 +58,7 @@ class Plan:
             online tuner), "cache" (the tuning cache), "requested" or "retry".
         n_devices: devices the work ran on, one shard each.
         devices_reason: why those devices.
-        output_memory: where the outputs live: "device" or "host".
+        output_memory: where the outputs live: "device", "host" or "disk".
         tuning_seconds: seconds per draw measured for each chunk size tried, if tuned
             (of the chunks compiled as `library_fusions` says).
         library_fusions: whether XLA's CPU library fusions were on (the default); False

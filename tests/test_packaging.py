@@ -94,7 +94,7 @@ LAYERS = [
     ("graph", {"_graph", "_samplers", "_pymc_model"}),
     ("entry", {"_entry", "_postprocess", "_options"}),
     ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
-    ("executor", {"_executor", "_program", "_host_output", "_executable_store"}),
+    ("executor", {"_executor", "_program", "_host_output", "_disk_output", "_executable_store"}),
     ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval", "_psis"}),
     ("data", {"_problem", "_types"}),
     ("shared", {"_cache", "_disk", "_memory", "_progress", "_config", "_compat", "_messages"}),

@@ -1,0 +1,583 @@
+"""Outputs on disk: each chunk lands in host memory, then goes to a Zarr store at its place.
+
+The device computes the chunks exactly as for outputs in host memory (`_host_output`, the
+same compiled `TO_HOST` step); only the sink differs: a landed chunk is handed to one writer
+thread, which writes it into the store's arrays at its (chain, draw) region, while the device
+computes the next chunks.
+
+Layout (xarray's Zarr encoding of a DataTree, as pymc's `ZarrTrace` writes it): a Zarr v3
+group per InferenceData group (`posterior`, `log_likelihood`, ...), in it one array per
+variable with `dimension_names` `("chain", "draw", <name>_dim_0, ...)` (or the route's own
+dims) and one array per coordinate. `xr.open_datatree(path, engine="zarr")` and
+`xr.open_zarr(path, group=...)` open it lazily.
+
+Invariants:
+
+- The writer's queue holds at most `QUEUE_CHUNKS` landed chunks: host memory holds those, the
+  chunk being written, and the landing's two, never the outputs.
+- A chunk's marker (a file under `MARKERS`, named by its item range) is created only once
+  every output's region of that chunk has been written: the markers say which items were
+  written whole. A run killed at any point leaves the markers of whole chunks only.
+- The root group's `chunkpost.complete` attribute becomes true last, after every chunk, the
+  pass-through outputs, the coordinates and the consolidated metadata: a killed run never
+  reads back as complete. The markers are removed after it (a complete store needs none).
+- `resume=True` skips the chunks whose items the markers cover and computes the others:
+  each draw's outputs depend on that draw alone, so the values are those of a run that was
+  never interrupted. The draws given are only read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import queue
+import shutil
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._extras import require
+
+__all__ = [
+    "DISK_CHUNK_BYTES",
+    "chunk_draws",
+    "QUEUE_CHUNKS",
+    "DiskSink",
+    "StoredOutputs",
+    "check_place",
+    "create_or_resume",
+    "open_group",
+    "open_outputs",
+]
+
+#: The writer's queue: landed chunks waiting to be written. Two keep the writer busy while
+#: the device computes, and bound host memory to a few chunks.
+QUEUE_CHUNKS = 2
+#: A chunk's outputs on the way to disk are kept within this many bytes (when one draw
+#: fits): host memory holds `QUEUE_CHUNKS` + 3 of them (docs/memory.md, "Outputs on disk").
+DISK_CHUNK_BYTES = 64 * 2**20
+#: The arrays' codec: none. Measured against zarr's default (zstd) on float64 outputs,
+#: compression cost write rate and saved little (docs/memory.md, "Outputs on disk";
+#: `benchmarks/bench_disk.py --codec both`). zarr's `compressors` argument.
+COMPRESSORS: Any = None
+#: The folder, inside the store, of the markers of the chunks written whole.
+MARKERS = "_chunkpost_written"
+#: The root attribute that describes the store: its format, the outputs, and `complete`.
+ATTRIBUTE = "chunkpost"
+FORMAT = 1
+
+
+def chunk_draws(draws: int, per_draw_bytes: int, most: int | None = None) -> int:
+    """Draws per chunk on disk: the most that fit `DISK_CHUNK_BYTES` (and `most`; at least
+    one), made a divisor of `draws` where one is at least half that: then no chunk
+    straddles two chains, each chunk is one whole Zarr chunk (none is read back to be
+    rewritten), and the chains' last Zarr chunks are not padded."""
+    fit = max(1, min(int(draws), DISK_CHUNK_BYTES // max(int(per_draw_bytes), 1)))
+    fit = fit if most is None else max(1, min(fit, int(most)))
+    divisor = max(d for d in range(1, fit + 1) if draws % d == 0)
+    return divisor if 2 * divisor >= fit else fit
+
+
+def _zarr() -> Any:
+    return require("zarr", extra="disk")
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """One output as stored: its group, name, shape `(chains, draws, ...)`, dtype and dims."""
+
+    group: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dims: tuple[str, ...]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "dims": list(self.dims),
+        }
+
+
+def outputs_for(
+    specs: Sequence[Any],
+    names: Sequence[str] | None = None,
+    group: str = "posterior",
+    dims: Mapping[str, Sequence[str]] | None = None,
+    dtypes: Sequence[Any] | None = None,
+) -> list[Output]:
+    """The stored outputs for `specs` (shape and dtype each): named `names` (by default
+    `output_0`, ...), in `group`, with `dims[name]` after `("chain", "draw")` where given,
+    else `<name>_dim_<i>` (pymc's default names); stored as `dtypes` where given (the
+    route's own dtypes: each chunk is cast as it is written)."""
+    names = [f"output_{j}" for j in range(len(specs))] if names is None else list(names)
+    if len(names) != len(specs) or len(set(names)) != len(names):
+        raise ValueError(f"Need one distinct name per output, got {names!r}.")
+    outputs = []
+    dtypes = [s.dtype for s in specs] if dtypes is None else list(dtypes)
+    for name, spec, dtype in zip(names, specs, dtypes):
+        shape = tuple(int(s) for s in spec.shape)
+        own = list((dims or {}).get(name, ()))
+        own += [f"{name}_dim_{i}" for i in range(len(own), len(shape) - 2)]
+        outputs.append(Output(group, name, shape, np.dtype(dtype).str, ("chain", "draw", *own)))
+    return outputs
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _read_description(path: Path) -> dict[str, Any] | None:
+    """The store's `chunkpost` attribute; None where `path` holds no store of ours."""
+    try:
+        root = _zarr().open_group(str(path), mode="r")
+    except Exception:  # noqa: BLE001 - not a Zarr group (or an unreadable one): not ours
+        return None
+    described = dict(root.attrs).get(ATTRIBUTE)
+    return described if isinstance(described, dict) else None
+
+
+def check_place(
+    path: Any, outputs: Sequence[Output], output_bytes: int, *, resume: bool, name: str
+) -> None:
+    """Every check of the place, before any work.
+
+    Raises:
+        ValueError: `path` is not a path; it holds something else than these outputs
+            (anything at all, unless `resume`); it cannot be written; or its disk has less
+            free space than the outputs need (`output_bytes`, uncompressed).
+    """
+    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+        raise ValueError(
+            f"`{name}` must be a path (str or os.PathLike) for the disk tier, got {path!r}."
+        )
+    path = Path(os.fspath(path))
+    exists = path.exists()
+    if exists and not path.is_dir():
+        raise ValueError(f"`{name}={str(path)!r}` is a file, not a folder for a Zarr store.")
+    written = 0
+    if exists and any(path.iterdir()):
+        described = _read_description(path)
+        if not resume:
+            raise ValueError(
+                f"`{name}={str(path)!r}` is not empty"
+                + (" (it holds outputs of ours)" if described else "")
+                + ". Pass another path, delete it, or pass `resume=True` to continue a store "
+                "of the same outputs. Nothing was run."
+            )
+        expected = [o.describe() for o in outputs]
+        if described is None or described.get("outputs") != expected:
+            raise ValueError(
+                f"`{name}={str(path)!r}` holds other outputs than this call's "
+                + ("(not a store of ours)" if described is None else "(other names or shapes)")
+                + ", so it cannot be resumed. Pass another path. Nothing was run."
+            )
+        written = _du(path)
+    target = path if exists else _nearest_existing(path.parent)
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"`{name}={str(path)!r}` cannot be written ({str(target)!r} is read-only for "
+            "this user). Pass a path on a writable disk. Nothing was run."
+        )
+    free = shutil.disk_usage(target).free
+    needed = max(int(output_bytes) - written, 0)
+    if needed > free:
+        raise ValueError(
+            f"The outputs need {needed / 2**20:,.1f} MiB on disk, but {str(target)!r} has "
+            f"{free / 2**20:,.1f} MiB free. Pass an `{name}` on a disk with more room, or "
+            "post-process fewer variables (`var_names`). Nothing was run."
+        )
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def create_or_resume(
+    path: Any,
+    outputs: Sequence[Output],
+    *,
+    resume: bool,
+    coords: Mapping[str, Any] | None = None,
+    draws_per_chunk: int | None = None,
+) -> DiskSink:
+    """The store at `path` for `outputs` (checked by `check_place`), made or reopened, and
+    the sink that writes chunks into it.
+
+    Args:
+        path: the store's folder.
+        outputs: what it holds.
+        resume: reopen a store of the same outputs (its written chunks are kept).
+        coords: coordinate values by dim name (beside `chain` and `draw`, which are
+            `0..n-1`), written with the outputs.
+        draws_per_chunk: the run's chunk size: where it divides the draws, the Zarr chunks
+            hold that many draws of one chain, so that each chunk is written whole.
+    """
+    zarr = _zarr()
+    path = Path(os.fspath(path))
+    description = {"format": FORMAT, "complete": False, "outputs": [o.describe() for o in outputs]}
+    described = _read_description(path) if resume and path.exists() else None
+    if described is None:
+        root = zarr.open_group(str(path), mode="w")
+        for output in outputs:
+            group = root.require_group(output.group)
+            group.create_array(
+                output.name,
+                shape=output.shape,
+                dtype=np.dtype(output.dtype),
+                chunks=_zarr_chunks(output, draws_per_chunk),
+                dimension_names=list(output.dims),
+                compressors=COMPRESSORS,
+                fill_value=0,
+            )
+        root.attrs[ATTRIBUTE] = description
+        (path / MARKERS).mkdir(exist_ok=True)
+    else:
+        root = zarr.open_group(str(path), mode="r+")
+        (path / MARKERS).mkdir(exist_ok=True)
+    return DiskSink(path, root, list(outputs), dict(coords or {}))
+
+
+def _zarr_chunks(output: Output, draws_per_chunk: int | None) -> tuple[int, ...]:
+    """One chain, whole in the other dims, and the run's chunk of draws where it divides
+    the draws (each chunk written is then one Zarr chunk), else `chunk_draws`'s."""
+    draws = output.shape[1]
+    if not draws_per_chunk or draws % draws_per_chunk:
+        per_draw = math.prod(output.shape[2:]) * np.dtype(output.dtype).itemsize
+        draws_per_chunk = chunk_draws(draws, per_draw)
+    return (1, max(1, min(draws, draws_per_chunk)), *output.shape[2:])
+
+
+class DiskSink:
+    """Where landed chunks go for outputs on disk: `write(start, stop, arrays)` queues the
+    flat items `[start, stop)` of every computed output (the `(chains * draws)` axis,
+    counted from `offset`) for the writer thread; `written(start, stop)` says whether a
+    whole earlier chunk covers them (a resumed run skips them)."""
+
+    def __init__(
+        self,
+        path: Path,
+        root: Any,
+        outputs: list[Output],
+        coords: dict[str, Any],
+        offset: int = 0,
+        computed: Sequence[int] | None = None,
+        shared: _Writer | None = None,
+    ) -> None:
+        self.path, self.root, self.outputs, self.coords = path, root, outputs, coords
+        self.arrays = [root[f"{o.group}/{o.name}"] for o in outputs]
+        self.files = [_ChunkFiles.of(a) for a in self.arrays]
+        self.draws = outputs[0].shape[1] if outputs else 1
+        self.offset = offset
+        self.computed = list(range(len(outputs))) if computed is None else list(computed)
+        self.done = _read_markers(path / MARKERS)
+        self.writer = shared if shared is not None else _Writer(self)
+
+    def with_computed(self, computed: Sequence[int]) -> DiskSink:
+        """This sink for the outputs at `computed` alone (the others are passed through)."""
+        return DiskSink(
+            self.path, self.root, self.outputs, self.coords, self.offset, computed, self.writer
+        )
+
+    def for_chains(self, chains: slice) -> DiskSink:
+        """The sink of one shard's block of whole chains (its items counted from zero)."""
+        first = chains.start or 0
+        return DiskSink(
+            self.path,
+            self.root,
+            self.outputs,
+            self.coords,
+            self.offset + first * self.draws,
+            self.computed,
+            self.writer,
+        )
+
+    def written(self, start: int, stop: int) -> bool:
+        a, b = start + self.offset, stop + self.offset
+        return any(x <= a and b <= y for x, y in self.done)
+
+    def write(self, start: int, stop: int, arrays: Sequence[np.ndarray]) -> None:
+        """Queue `arrays` (each `(stop - start, ...)`, read only after this returns: they
+        must stay unchanged, e.g. views of the chunk's own buffers) for the writer."""
+        self.writer.put((start + self.offset, stop + self.offset, self.computed, list(arrays)))
+
+    def _write_now(self, start: int, stop: int, which: Sequence[int], arrays: list) -> None:
+        for j, x in zip(which, arrays):
+            _write_items(self.arrays[j], self.draws, start, stop, x, self.files[j])
+        _mark(self.path / MARKERS, start, stop)  # after the data: the chunk is whole
+
+    def finish(self, passed: Mapping[int, Any], chunk_items: int) -> list[Any]:
+        """Wait for the writer, write the pass-through outputs (`passed`: output index to
+        its array, read `chunk_items` draws at a time) and the coordinates, then mark the
+        store complete. Returns the stored arrays (Zarr arrays, read lazily)."""
+        self.writer.close()
+        n = self.outputs[0].shape[0] * self.draws if self.outputs else 0
+        for j, x in passed.items():
+            step = max(int(chunk_items), 1)
+            for start in range(0, n, step):
+                stop = min(start + step, n)
+                flat = x.reshape((n,) + tuple(x.shape[2:]))
+                _write_items(
+                    self.arrays[j],
+                    self.draws,
+                    start,
+                    stop,
+                    np.asarray(flat[start:stop]),
+                    self.files[j],
+                )
+        _write_coords(self.root, self.outputs, self.coords)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="zarr")
+            _zarr().consolidate_metadata(str(self.path))
+        root = _zarr().open_group(str(self.path), mode="r+")
+        described = dict(root.attrs[ATTRIBUTE])
+        root.attrs[ATTRIBUTE] = described | {"complete": True}  # last: the store is whole
+        shutil.rmtree(self.path / MARKERS, ignore_errors=True)
+        return stored_arrays(self.path, self.outputs)
+
+    def abandon(self) -> None:
+        """Stop the writer after a failure; what it wrote whole stays marked."""
+        self.writer.close(raise_error=False)
+
+
+def open_group(path: Any, group: str) -> Any:
+    """The store's `group` as an xarray `Dataset`, read lazily (no dask: each variable is
+    read where it is indexed)."""
+    import xarray
+
+    return xarray.open_dataset(
+        os.fspath(path), group=group, engine="zarr", chunks=None, consolidated=True
+    )
+
+
+def stored_arrays(path: Path, outputs: Sequence[Output]) -> list[Any]:
+    """The outputs' Zarr arrays, opened read-only."""
+    root = _zarr().open_group(str(path), mode="r")
+    return [root[f"{o.group}/{o.name}"] for o in outputs]
+
+
+def _write_items(
+    array: Any,
+    draws: int,
+    start: int,
+    stop: int,
+    x: np.ndarray,
+    files: _ChunkFiles | None = None,
+) -> None:
+    """Items `[start, stop)` of the flat `(chains * draws)` axis, one region per chain: a
+    region that is one whole Zarr chunk of an uncompressed array on a local disk is written
+    as that chunk's file (`_ChunkFiles`), any other through zarr."""
+    item = start
+    while item < stop:
+        chain, draw = divmod(item, draws)
+        end = min(stop, (chain + 1) * draws)
+        part = x[item - start : end - start]
+        if files is None or not files.write(chain, draw, end - item, part):
+            array[chain, draw : draw + end - item] = part
+        item = end
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkFiles:
+    """The chunk files of an uncompressed Zarr v3 array in a local folder: there a chunk is
+    its values' little-endian bytes in C order, in the file its key names (the format's
+    `bytes` codec alone), so a whole chunk is written with one write from the landed
+    chunk's memory, as `dd` would, where zarr's own path copies it twice on the way.
+    Measured: docs/memory.md, "Outputs on disk"."""
+
+    folder: Path
+    array: Any
+    draws_per_chunk: int
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, array: Any) -> _ChunkFiles | None:
+        """The array's chunk files, or None where they are not so simple (a codec, another
+        store, chunks that split a chain's draw of values)."""
+        zarr = _zarr()
+        try:
+            plain = (
+                isinstance(array.store, zarr.storage.LocalStore)
+                and not array.compressors
+                and not array.filters
+                and type(array.serializer).__name__ == "BytesCodec"
+                and array.chunks[0] == 1
+                and tuple(array.chunks[2:]) == tuple(array.shape[2:])
+            )
+            dtype = np.dtype(array.dtype).newbyteorder("<")
+        except (AttributeError, TypeError):  # another zarr's API: zarr writes every chunk
+            return None
+        if not plain:
+            return None
+        return cls(Path(array.store.root) / array.path, array, int(array.chunks[1]), dtype)
+
+    def write(self, chain: int, draw: int, count: int, values: np.ndarray) -> bool:
+        """Write draws `[draw, draw + count)` of `chain` if they are one whole chunk."""
+        if draw % self.draws_per_chunk or count != self.draws_per_chunk:
+            return False
+        key = self.array.metadata.encode_chunk_key(
+            (chain, draw // count) + (0,) * (values.ndim - 1)
+        )
+        target = self.folder / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = np.ascontiguousarray(values, dtype=self.dtype)
+        with open(target, "wb") as f:
+            f.write(data.data.cast("B"))  # the chunk's own memory, no copy
+        return True
+
+
+def _write_coords(root: Any, outputs: Sequence[Output], coords: Mapping[str, Any]) -> None:
+    """The given coordinates (`chain` and `draw` by default `0..n-1`), in every group, as
+    xarray writes an index coordinate: an array named as its dim."""
+    for group_name in dict.fromkeys(o.group for o in outputs):
+        group = root[group_name]
+        mine = [o for o in outputs if o.group == group_name]
+        sizes: dict[str, int] = {}
+        for o in mine:
+            sizes.update(zip(o.dims, o.shape))
+        for dim, size in sizes.items():
+            if dim in group:
+                continue
+            values = coords.get(dim)
+            if values is None and dim in ("chain", "draw"):
+                values = np.arange(size)
+            if values is None or np.shape(values) != (size,):
+                continue
+            values = np.asarray(values)
+            if values.dtype.kind in "OU":
+                values = values.astype(str)
+                dtype: Any = str
+            else:
+                dtype = values.dtype
+            array = group.create_array(dim, shape=values.shape, dtype=dtype, dimension_names=[dim])
+            array[...] = values
+
+
+def _mark(folder: Path, start: int, stop: int) -> None:
+    (folder / f"{start}_{stop}").touch()
+
+
+def _read_markers(folder: Path) -> list[tuple[int, int]]:
+    done = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in folder.iterdir():
+            a, _, b = entry.name.partition("_")
+            if a.isdigit() and b.isdigit():
+                done.append((int(a), int(b)))
+    return done
+
+
+class _Writer:
+    """One thread that writes queued chunks into the store, behind the landing. An error of
+    its own is raised by the next `put`, or by `close`."""
+
+    def __init__(self, sink: DiskSink) -> None:
+        self.sink = sink
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="chunkpost-disk", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.sink._write_now(*item)
+                except BaseException as error:  # noqa: BLE001 - raised on the caller's thread
+                    self.error = error
+
+    def put(self, item: tuple) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(item)
+
+    def close(self, raise_error: bool = True) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        if raise_error and self.error is not None:
+            raise self.error
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredOutputs:
+    """A store of outputs on disk, reopened by `open_outputs`.
+
+    Attributes:
+        path: the store's folder.
+        complete: True once every chunk and every output was written whole; a run killed
+            half-way never reads back as complete.
+        arrays: every output's Zarr array (read lazily, slice by slice), keyed by
+            `"group/name"`.
+        items_written: for an incomplete store, the flat `(chains * draws)` items written
+            whole (what `resume=True` keeps); all of them for a complete one.
+        n_items: `chains * draws`.
+    """
+
+    path: Path
+    complete: bool
+    arrays: dict[str, Any]
+    items_written: int
+    n_items: int
+
+    def __getitem__(self, key: str) -> Any:
+        return self.arrays[key]
+
+
+def open_outputs(path: str | os.PathLike, *, require_complete: bool = False) -> StoredOutputs:
+    """Reopen a store of outputs written with `output_memory="disk"`, and say whether it is
+    complete. Nothing is read but the metadata (and the markers of an incomplete store).
+
+    For the store as a DataTree, `xarray.open_datatree(path, engine="zarr")` opens it lazily.
+
+    Args:
+        path: the store's folder (the `output_path` it was written with).
+        require_complete: raise, rather than report, an incomplete store.
+
+    Returns:
+        The store's arrays and whether it is complete (`StoredOutputs.complete`).
+
+    Raises:
+        ValueError: `path` holds no store of ours, or, with `require_complete`, one that a
+            run did not finish (pass `resume=True` to the call that wrote it to finish it).
+        MissingExtraError: zarr is not installed (`pip install "pymc-chunkpost[disk]"`).
+    """
+    path = Path(os.fspath(path))
+    described = _read_description(path) if path.is_dir() else None
+    if described is None:
+        raise ValueError(f"{str(path)!r} holds no outputs written by pymc_chunkpost.")
+    outputs = [
+        Output(d["group"], d["name"], tuple(d["shape"]), d["dtype"], tuple(d["dims"]))
+        for d in described["outputs"]
+    ]
+    complete = bool(described.get("complete"))
+    n_items = outputs[0].shape[0] * outputs[0].shape[1] if outputs else 0
+    if complete:
+        written = n_items
+    else:
+        covered = np.zeros(n_items, bool)
+        for a, b in _read_markers(path / MARKERS):
+            covered[a:b] = True
+        written = int(covered.sum())
+    if require_complete and not complete:
+        raise ValueError(
+            f"The store at {str(path)!r} is incomplete ({written} of {n_items} draws written "
+            "whole): the run that wrote it did not finish. Run the same call with "
+            "`resume=True` to finish it."
+        )
+    arrays = dict(zip([f"{o.group}/{o.name}" for o in outputs], stored_arrays(path, outputs)))
+    return StoredOutputs(path, complete, arrays, written, n_items)

@@ -1,0 +1,497 @@
+"""Outputs on disk: chunks written into a Zarr v3 store, crash-safe and resumable."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import models
+import numpy as np
+import pytest
+from helpers import ROOT, assert_intact, assert_same, problem_of, reference
+
+import pymc_chunkpost as pc
+from pymc_chunkpost import _disk_output, _postprocess, _resources
+from pymc_chunkpost._extras import MissingExtraError
+from pymc_chunkpost._memory import OUTPUT_PATH_ENV
+
+zarr = pytest.importorskip("zarr")
+xr = pytest.importorskip("xarray")
+
+
+def per_draw(x, y):
+    """Three outputs: `x` passed through, one of 40 values per draw, and a scalar."""
+    return x, jnp.sin(x)[..., None] * jnp.arange(40.0) + y[..., :1], (y**2).sum()
+
+
+def draws(chains=3, n_draws=50, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(chains, n_draws)), rng.normal(size=(chains, n_draws, 4))]
+
+
+def in_memory(raw):
+    return [np.asarray(x) for x in pc.postprocess_samples(per_draw, raw, output_memory="device")]
+
+
+def assert_equal_to(stored, expected):
+    assert len(stored) == len(expected)
+    for got, want in zip(stored, expected):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got[...], want)
+
+
+@pytest.mark.parametrize("name", ["transforms", "structured"])
+@pytest.mark.parametrize("options", [{}, {"chunk_size": 7}, {"progressbar": True}])
+def test_outputs_equal_pymc(built, tmp_path, name, options):
+    model, jax_fn = built(name)
+    raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 31)]
+    copies = [np.asarray(x).copy() for x in raw]
+    expected = reference(jax_fn, raw)
+    path = tmp_path / "store"
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", output_memory="disk", output_path=path, **options
+    )
+    assert plan.output_memory == "disk"
+    assert all(isinstance(x, zarr.Array) for x in outputs)  # backed by the store
+    assert_same([x[...] for x in outputs], expected)
+    assert_intact(raw, copies)
+    assert pc.open_outputs(path).complete
+
+
+def test_returns_arrays_that_read_a_slice_alone(tmp_path):
+    raw = draws()
+    expected = in_memory(raw)
+    path = tmp_path / "store"
+    outputs = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=str(path), chunk_size=8
+    )
+    assert_equal_to(outputs, expected)
+    np.testing.assert_array_equal(outputs[1][2, 10:13, 5], expected[1][2, 10:13, 5])
+    assert outputs[1].read_only  # the store's values are not to be changed through them
+    # One chain of draws per Zarr chunk (as few draws as fit `DISK_CHUNK_BYTES`).
+    assert outputs[1].chunks[0] == 1
+
+
+def test_layout_opens_with_xarray_as_a_datatree(tmp_path):
+    raw = draws(2, 20)
+    expected = in_memory(raw)
+    path = tmp_path / "store"
+    pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path, chunk_size=6)
+    dataset = xr.open_zarr(path, group="posterior")
+    assert dict(dataset.sizes) == {"chain": 2, "draw": 20, "output_1_dim_0": 40}
+    assert dataset["output_1"].dims == ("chain", "draw", "output_1_dim_0")
+    np.testing.assert_array_equal(dataset["chain"].values, [0, 1])
+    np.testing.assert_array_equal(dataset["draw"].values, np.arange(20))
+    np.testing.assert_array_equal(dataset["output_1"].values, expected[1])
+    if hasattr(xr, "open_datatree"):
+        tree = xr.open_datatree(path, engine="zarr")
+        assert set(tree.children) == {"posterior"}
+        np.testing.assert_array_equal(tree["posterior"]["output_2"].values, expected[2])
+
+
+def test_open_outputs_reports_a_complete_store(tmp_path):
+    raw = draws()
+    path = tmp_path / "store"
+    pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path)
+    stored = pc.open_outputs(path, require_complete=True)
+    assert stored.complete and stored.items_written == stored.n_items == 150
+    assert sorted(stored.arrays) == [f"posterior/output_{j}" for j in range(3)]
+    assert not (path / _disk_output.MARKERS).exists()  # a complete store needs no markers
+    with pytest.raises(ValueError, match="holds no outputs"):
+        pc.open_outputs(tmp_path)
+
+
+class Stop(Exception):
+    pass
+
+
+def _fail_after(monkeypatch, n_writes):
+    """Make the writer fail at its `n_writes + 1`-th region write (mid-chunk: a chunk
+    writes two computed outputs)."""
+    write = _disk_output._write_items
+    count = [0]
+
+    def failing(*args):
+        count[0] += 1
+        if count[0] > n_writes:
+            raise Stop("injected")
+        return write(*args)
+
+    monkeypatch.setattr(_disk_output, "_write_items", failing)
+    return count
+
+
+def test_a_failed_run_is_incomplete_and_resume_finishes_it(tmp_path, monkeypatch):
+    raw = draws()
+    copies = [x.copy() for x in raw]
+    expected = in_memory(raw)
+    path = tmp_path / "store"
+    _fail_after(monkeypatch, 2 * 4 + 1)  # four chunks whole, the fifth half written
+    with pytest.raises(Stop):
+        pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path, chunk_size=10)
+    stored = pc.open_outputs(path)
+    assert not stored.complete and stored.items_written == 40
+    with pytest.raises(ValueError, match="incomplete.*resume=True"):
+        pc.open_outputs(path, require_complete=True)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="not empty.*resume=True"):
+        pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path)
+    writes = _fail_after(monkeypatch, 10**6)
+    outputs = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True
+    )
+    # The 11 chunks left, two computed outputs each, then `x`, passed through, in 15 slices.
+    assert writes[0] == 2 * 11 + 15
+    assert_equal_to(outputs, expected)
+    assert pc.open_outputs(path).complete
+    for x, y in zip(raw, copies):
+        np.testing.assert_array_equal(x, y)
+    # Resuming a complete store computes nothing and returns it.
+    writes[0] = 0
+    again = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=path, resume=True
+    )
+    assert writes[0] == 0
+    assert_equal_to(again, expected)
+
+
+KILLED = """
+import os, signal, sys
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+jax.config.update("jax_enable_x64", True)  # as pymc sets it in the test process
+import pymc_chunkpost as pc
+from pymc_chunkpost import _disk_output
+
+def per_draw(x, y):
+    return x, jnp.sin(x)[..., None] * jnp.arange(40.0) + y[..., :1], (y**2).sum()
+
+rng = np.random.default_rng(0)
+raw = [rng.normal(size=(3, 50)), rng.normal(size=(3, 50, 4))]
+write, count = _disk_output._write_items, [0]
+
+def killed(*args):
+    count[0] += 1
+    if count[0] == 2 * 6 + 2:  # chunks 0-5 whole, chunk 6's first output written
+        os.kill(os.getpid(), signal.SIGKILL)
+    return write(*args)
+
+_disk_output._write_items = killed
+pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=sys.argv[1], chunk_size=10)
+"""
+
+
+def test_a_killed_run_never_reads_as_complete_and_resumes(tmp_path):
+    import subprocess
+
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(KILLED))
+    path = tmp_path / "store"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(script), str(path)], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    stored = pc.open_outputs(path)
+    assert not stored.complete and stored.items_written == 60
+    raw = draws()
+    outputs = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True
+    )
+    assert_equal_to(outputs, in_memory(raw))
+    assert pc.open_outputs(path).complete
+
+
+def test_options_are_checked_before_any_work(tmp_path, monkeypatch):
+    raw = draws(2, 10)
+
+    def run(**options):
+        return pc.postprocess_samples(per_draw, raw, **options)
+
+    with pytest.raises(ValueError, match="output_memory.*'disk'"):
+        run(output_memory="disc")
+    with pytest.raises(ValueError, match="needs `output_path`"):
+        run(output_memory="disk")
+    with pytest.raises(ValueError, match="must be a folder path"):
+        run(output_memory="disk", output_path=3)
+    with pytest.raises(ValueError, match="`resume` must be True or False"):
+        run(output_memory="disk", output_path=tmp_path / "a", resume="yes")
+    with pytest.raises(ValueError, match="applies to the strategies"):
+        pc.postprocess_samples(
+            per_draw, raw, None, "vmap", output_memory="disk", output_path=tmp_path / "a"
+        )
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        run(output_memory="disk", output_path=tmp_path / "other")
+    with pytest.raises(ValueError, match="holds other outputs.*not a store of ours"):
+        run(output_memory="disk", output_path=tmp_path / "other", resume=True)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file"):
+        run(output_memory="disk", output_path=tmp_path / "file")
+    # Another call's outputs: other shapes cannot be resumed.
+    run(output_memory="disk", output_path=tmp_path / "small")
+    with pytest.raises(ValueError, match="other names or shapes"):
+        pc.postprocess_samples(
+            per_draw,
+            draws(2, 11),
+            output_memory="disk",
+            output_path=tmp_path / "small",
+            resume=True,
+        )
+    monkeypatch.setattr(
+        _disk_output.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})()
+    )
+    with pytest.raises(ValueError, match=r"need .* MiB on disk, but .* has 0.0 MiB free"):
+        run(output_memory="disk", output_path=tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_read_only_place_is_refused(tmp_path, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() == 0:  # root may write anywhere: the check is shown what a user sees
+        monkeypatch.setattr(_disk_output.os, "access", lambda path, mode: False)
+    try:
+        with pytest.raises(ValueError, match="cannot be written.*read-only"):
+            pc.postprocess_samples(
+                per_draw, draws(2, 10), output_memory="disk", output_path=locked / "store"
+            )
+    finally:
+        locked.chmod(0o700)
+    assert not (locked / "store").exists()
+
+
+def test_auto_picks_disk_only_where_a_path_is_given(wide, tmp_path, monkeypatch):
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 2, 40)
+    problem = problem_of(jax_fn, raw)
+    small = problem.output_bytes // 4
+    with pytest.raises(MemoryError, match="output_memory='disk', output_path="):
+        _postprocess.run(jax_fn, raw, None, "auto", memory_budget=small)
+    assert _resources.output_memory_for(problem, "auto", small, disk=True)[0] == "disk"
+    assert _resources.output_memory_for(problem, "auto", None, disk=True)[0] == "device"
+    outputs, plan = _postprocess.run(
+        jax_fn, raw, None, "auto", memory_budget=small, output_path=tmp_path / "given"
+    )
+    assert plan.output_memory == "disk" and "exceed" in plan.reason
+    expected = reference(jax_fn, raw)
+    assert_same([x[...] for x in outputs], expected)
+    # `configure_memory`'s default path, which the public entries read.
+    monkeypatch.setenv(OUTPUT_PATH_ENV, str(tmp_path / "default"))
+    outputs = pc.postprocess_samples(jax_fn, raw, memory_budget=small)
+    assert all(isinstance(x, zarr.Array) for x in outputs)
+    assert_same([x[...] for x in outputs], expected)
+    assert pc.open_outputs(tmp_path / "default").complete
+    # A route that passes no path (the patched `pm.sample`) never writes to disk.
+    with pytest.raises(MemoryError, match="output_memory='disk'"):
+        _postprocess.run(jax_fn, raw, None, "auto", memory_budget=small)
+
+
+def test_configure_memory_sets_the_default_path(tmp_path, monkeypatch):
+    monkeypatch.setenv(OUTPUT_PATH_ENV, "")  # unset (empty), and restored after the test
+    settings = pc.configure_memory(output_path=tmp_path / "default")
+    assert settings == {OUTPUT_PATH_ENV: str(tmp_path / "default")}
+    raw = draws(2, 10)
+    outputs = pc.postprocess_samples(per_draw, raw, output_memory="disk")
+    assert_equal_to(outputs, in_memory(raw))
+    with pytest.raises(ValueError, match="`output_path` must be a folder path"):
+        pc.configure_memory(output_path="")
+
+
+def test_host_outputs_too_large_name_the_disk_tier(wide, monkeypatch):
+    model, jax_fn = wide
+    raw = models.raw_draws(model, 2, 40)
+    problem = problem_of(jax_fn, raw)
+    monkeypatch.setattr(_resources, "host_free_bytes", lambda: problem.output_bytes // 2)
+    with pytest.raises(MemoryError, match="output_memory='disk'"):
+        _resources.check_host(problem)
+
+
+def test_without_zarr_the_error_names_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "zarr", None)
+    with pytest.raises(MissingExtraError, match=r"pymc-chunkpost\[disk\]"):
+        pc.postprocess_samples(
+            per_draw, draws(2, 10), output_memory="disk", output_path=tmp_path / "s"
+        )
+
+
+def test_sharded_chains_write_their_own_block(tmp_path):
+    devices = jax.devices("cpu")
+    if len(devices) < 2:
+        pytest.skip("needs two CPU devices")
+    raw = draws(4, 12)
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(devices[:2]), ("c",)), jax.sharding.PartitionSpec("c")
+    )
+    placed = [jax.device_put(x, sharding) for x in raw]
+    outputs = pc.postprocess_samples(
+        per_draw, placed, output_memory="disk", output_path=tmp_path / "s", chunk_size=5
+    )
+    assert_equal_to(outputs, in_memory(raw))
+
+
+# --- the post-hoc routes --------------------------------------------------------------------
+
+
+def assert_like_pymc(ours, theirs):
+    """The same variables, dims, dtypes and coords as pymc's, values within 1e-12."""
+    ours = ours.to_dataset() if hasattr(ours, "to_dataset") else ours
+    theirs = theirs.to_dataset() if hasattr(theirs, "to_dataset") else theirs
+    assert list(ours.data_vars) == list(theirs.data_vars)
+    for name in theirs.data_vars:
+        a, b = ours[name], theirs[name]
+        assert a.dims == b.dims and a.dtype == b.dtype, name
+        np.testing.assert_allclose(a.values, b.values, rtol=1e-12, atol=1e-12, err_msg=name)
+    xr.testing.assert_identical(xr.Dataset(coords=ours.coords), xr.Dataset(coords=theirs.coords))
+
+
+@pytest.fixture(scope="module")
+def posthoc_models():
+    import test_posthoc
+
+    built = {name: test_posthoc.MODELS[name]() for name in ("counts", "eight_schools")}
+    return {name: (model, test_posthoc.posterior(model)) for name, model in built.items()}
+
+
+@pytest.mark.parametrize("name", ["counts", "eight_schools"])
+@pytest.mark.parametrize("function", ["compute_log_likelihood", "compute_log_prior"])
+def test_log_densities_on_disk_equal_pymc(posthoc_models, tmp_path, name, function):
+    import test_posthoc
+
+    model, post = posthoc_models[name]
+    kwargs = dict(model=model, extend_inferencedata=False, progressbar=False)
+    theirs = test_posthoc.PYMC[function](test_posthoc.idata_of(post), **kwargs)
+    path = tmp_path / "store"
+    ours = getattr(pc, function)(
+        test_posthoc.idata_of(post), **kwargs, output_memory="disk", output_path=path, chunk_size=3
+    )
+    assert_like_pymc(ours, theirs)
+    group = "log_likelihood" if function == "compute_log_likelihood" else "log_prior"
+    assert ours.encoding.get("source") or pc.open_outputs(path).complete  # read from the store
+    assert set(pc.open_outputs(path).arrays) == {f"{group}/{v}" for v in theirs.data_vars}
+    extended = getattr(pc, function)(
+        test_posthoc.idata_of(post),
+        model=model,
+        progressbar=False,
+        output_memory="disk",
+        output_path=path,
+        resume=True,  # the store is complete: read, not computed again
+    )
+    assert_like_pymc(extended[group], theirs)
+
+
+def test_deterministics_on_disk_equal_pymc(posthoc_models, tmp_path):
+    import test_posthoc
+
+    model, post = posthoc_models["eight_schools"]
+    theirs = test_posthoc.PYMC["compute_deterministics"](post, model=model, progressbar=False)
+    ours = pc.compute_deterministics(
+        post, model=model, progressbar=False, output_memory="disk", output_path=tmp_path / "s"
+    )
+    assert_like_pymc(ours, theirs)
+    if hasattr(xr, "open_datatree"):
+        tree = xr.open_datatree(tmp_path / "s", engine="zarr")
+        assert_like_pymc(tree["posterior"], theirs)
+
+
+@pytest.mark.parametrize("compressors", [None, "auto"])
+def test_whole_chunks_are_written_as_their_files_and_read_back_by_zarr(
+    tmp_path, monkeypatch, compressors
+):
+    """Chunks that are whole Zarr chunks of an uncompressed array go straight to their files
+    (`_ChunkFiles`); with a codec, zarr writes them; zarr reads the same values either way."""
+    monkeypatch.setattr(_disk_output, "COMPRESSORS", compressors)
+    written = []
+    write = _disk_output._ChunkFiles.write
+
+    def spy(self, *args):
+        done = write(self, *args)
+        written.append(done)
+        return done
+
+    monkeypatch.setattr(_disk_output._ChunkFiles, "write", spy)
+    raw = draws(3, 50)
+    outputs = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=tmp_path / "s", chunk_size=10
+    )
+    assert_equal_to(outputs, in_memory(raw))
+    assert outputs[1].chunks == (1, 10, 40)
+    assert written == ([True] * 2 * 15 + [True] * 15 if compressors is None else [])
+
+
+def test_auto_on_an_accelerator_goes_to_disk_past_host_memory(wide, monkeypatch):
+    """Device too small, host too small: disk where a path is set, else a `MemoryError`
+    that names the disk tier; host memory where it holds the outputs."""
+    import dataclasses
+
+    from helpers import FakeAccelerator
+
+    from pymc_chunkpost._problem import Placement
+
+    model, jax_fn = wide
+    problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))
+    gpu = FakeAccelerator(problem.output_bytes // 2)
+    on_gpu = dataclasses.replace(problem, placement=Placement(gpu))
+    monkeypatch.setattr(_resources, "host_free_bytes", lambda: problem.output_bytes // 2)
+    where, why = _resources.output_memory_for(on_gpu, "auto", gpu.free, disk=True)
+    assert where == "disk" and "output path" in why
+    with pytest.raises(MemoryError, match="output_memory='disk'"):
+        _resources.output_memory_for(on_gpu, "auto", gpu.free)
+    monkeypatch.setattr(_resources, "host_free_bytes", lambda: 2**40)  # beside the margin
+    assert _resources.output_memory_for(on_gpu, "auto", gpu.free, disk=True)[0] == "host"
+    assert _resources.output_memory_for(on_gpu, "disk", gpu.free, disk=True)[0] == "disk"
+
+
+@pytest.mark.parametrize("n_writes", [1, 2 * 5 - 1])  # the first chunk; the last one
+def test_donated_draws_survive_a_failed_write(tmp_path, monkeypatch, n_writes):
+    raw = [jnp.asarray(x) for x in draws(2, 25)]
+    copies = [np.asarray(x).copy() for x in raw]
+    _fail_after(monkeypatch, n_writes)
+    with pytest.raises(Stop):
+        pc.postprocess_samples(
+            per_draw,
+            raw,
+            None,
+            "auto",
+            True,
+            output_memory="disk",
+            output_path=tmp_path / "s",
+            chunk_size=10,
+        )
+    assert_intact(raw, copies)
+    assert not pc.open_outputs(tmp_path / "s").complete
+
+
+# --- the predictive route -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_posterior_predictive_on_disk_equals_the_route_in_memory(posthoc_models, tmp_path, extend):
+    """The same draws as the route in memory (each draw's keys are its seed and index), read
+    lazily from the store under pymc's groups, names, dims and coords."""
+    import test_posthoc
+
+    model, post = posthoc_models["counts"]
+    kwargs = dict(model=model, random_seed=3, progressbar=False, extend_inferencedata=extend)
+    theirs = pc.sample_posterior_predictive(test_posthoc.idata_of(post), **kwargs)
+    path = tmp_path / "store"
+    ours = pc.sample_posterior_predictive(
+        test_posthoc.idata_of(post), **kwargs, output_memory="disk", output_path=path
+    )
+    groups = (lambda x: list(x.children)) if test_posthoc.PYMC6 else (lambda x: x.groups())
+    assert list(groups(ours)) == list(groups(theirs))
+    assert_like_pymc(ours["posterior_predictive"], theirs["posterior_predictive"])
+    for name in ("events", "hits"):  # read from the store (its Zarr chunking), lazily
+        variable = ours["posterior_predictive"][name].variable
+        assert "preferred_chunks" in variable.encoding, name
+    stored = pc.open_outputs(path)
+    assert stored.complete
+    assert set(stored.arrays) == {"posterior_predictive/events", "posterior_predictive/hits"}
