@@ -17,7 +17,7 @@ so that a run cut short still reports what it finished:
   (`--models huge_det`: 17.6 GB over 4 x 1,000 draws), which pymc's own vmap cannot hold;
 - `numpyro`: `bench_numpyro.py --cases hier_30k`, ours against `Predictive(parallel=True)`
   and `parallel=False`;
-- `compile`: `compile_cost.py`, the chunked programs' compile at 1.86 GiB of outputs;
+- `compile`: `probes/compile_cost.py`, the chunked programs' compile at 1.86 GiB of outputs;
 - `host_budget`: `host_budget.py`, `auto` on 17.6 GB of outputs, more than the chip holds.
 - `precision`: the post-hoc routes (`compute_log_likelihood`, `compute_log_prior`,
   `compute_deterministics`) of a 20,000-row float32 regression on the default device, at the
@@ -152,7 +152,7 @@ def _sections(out: Path, quick: bool) -> dict[str, tuple[list[str], int]]:
         ),
         "compile": (
             [
-                "compile_cost.py",
+                "probes/compile_cost.py",
                 f"--rows={2500 if quick else 250000}",
                 "--draws=4x500",
                 "--plans=chunked,chunked_host_loop,auto",

@@ -115,7 +115,6 @@ def child(gb: float, folder: str, codec: str, route: str = "deterministic") -> d
     import numpy as np
 
     import pymc_chunkpost as pc
-    from pymc_chunkpost import _disk_output
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
     from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
@@ -125,7 +124,9 @@ def child(gb: float, folder: str, codec: str, route: str = "deterministic") -> d
     raw = [jnp.asarray(x) for x in raw_draws(model, CHAINS, DRAWS, 0)]
     jax.block_until_ready(raw)
     if codec == "default":
-        _disk_output.COMPRESSORS = "auto"  # zarr's default codec (zstd)
+        from pymc_chunkpost.profiling.internals import use_disk_codec
+
+        use_disk_codec("auto")  # zarr's default codec (zstd)
     if route == "deterministic":
         # The outputs' bytes: one draw's outputs (shapes without the sample axes) per draw.
         one_draw = jax.eval_shape(lambda *v: fn(*v), *[x[0, 0] for x in raw])

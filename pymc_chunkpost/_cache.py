@@ -1,13 +1,14 @@
 """In-memory caches keyed weakly on the user's function, and `clear_caches`.
 
 A cache entry keyed on a model's `jax_fn` must not keep that function alive: it closes over
-the model's data, and its compiled executables hold their constants (docs/memory.md has
-what that cost when they were held strongly). Entries here live as long as the function does, as
-`jax.jit`'s own caches do, and each function keeps at most a few.
+the model's data (docs/memory.md has what that cost when they were held strongly). Entries
+here live as long as the function does, as `jax.jit`'s own caches do, and each function
+keeps at most a few.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -98,7 +99,8 @@ class LruCache:
         """The cached value, or None."""
         value = self._entries.get(key)
         if value is not None:
-            self._entries.move_to_end(key)
+            with contextlib.suppress(KeyError):  # another thread's `put` evicted it
+                self._entries.move_to_end(key)
         return value
 
     def put(self, key: Hashable, value: Any) -> None:

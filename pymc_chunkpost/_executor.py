@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import make_single_device_sharding
 
 from . import _executable_store
 from ._cache import FunctionCache, LruCache
@@ -77,8 +77,9 @@ class Executable:
             before running (`must_serialize_before_run`); emptied once handed over, or by
             `release` for a candidate the planner rejects.
         consts: the problem's constants (the model's data) placed where the step runs, its
-            last argument at every call (`_program`); an executable is bound to one call's
-            data by `_bound`, and is cached without them.
+            last argument at every call (`_program`); for `Call.TO_HOST`, `(device,
+            constants)` for each device's step. An executable is bound to one call's data
+            by `_bound`, and `_BY_PROGRAM` keeps it without them.
     """
 
     problem: Problem
@@ -173,7 +174,7 @@ _BY_DEVICE_KIND = FunctionCache(per_function=16)
 #: hold no data (`_program`'s invariant) and no jaxpr (`_unbound`).
 _BY_PROGRAM = LruCache(size=32)
 #: The functions' constants placed where their steps run, by function and sharding.
-_PLACED = FunctionCache(per_function=4)
+_PLACED = FunctionCache(per_function=16)
 
 
 def obtain(
@@ -192,13 +193,16 @@ def obtain(
             off, an XLA that does not know `NO_LIBRARY_FUSIONS`' option.
         ValueError: library fusions off for anything but an XLA loop on a CPU.
     """
-    key = request.key(problem)
+    # The program's text is in the key: one function traced at two precisions (or under
+    # another setting that the problem's shapes do not show) is two programs.
+    key = (*request.key(problem), problem.program_digest)
     cached = _EXECUTABLES.get(jax_fn, key)
     if cached is not None:
         return cached
     program_key = _program_key(problem, key)
     same_program = None if program_key is None else _BY_PROGRAM.get(program_key)
-    if same_program is not None:
+    if same_program is not None:  # compiled in this process for another function
+        same_program = dataclasses.replace(same_program, trace_seconds=0.0, compile_seconds=0.0)
         exe = _bound(same_program, jax_fn, problem)
         _EXECUTABLES.put(jax_fn, key, exe)
         return exe
@@ -220,17 +224,16 @@ def obtain(
 
 
 def _program_key(problem: Problem, key: tuple) -> tuple | None:
-    """What names a program whatever function it came from: the per-draw jaxpr's text (its
-    constants by shape and dtype only: they are arguments) and `key` (the problem's shapes
-    and placement, the plan). None where no jaxpr was traced.
+    """What names a program whatever function it came from: `key` (the problem's shapes and
+    placement, the plan, and the per-draw jaxpr's text, its constants by shape and dtype
+    only: they are arguments), the problem without its jaxpr. None where the text does not
+    say all the program computes (`Problem.shareable`).
 
-    Invariant: two functions whose jaxprs print the same compute the same outputs from the
-    same draws and constants; the printed jaxpr names every primitive, parameter and
-    literal."""
-    if problem.jaxpr is None or not problem.fingerprint:
+    Invariant: two functions whose jaxprs print the same, and are `shareable`, compute the
+    same outputs from the same draws and constants."""
+    if problem.jaxpr is None or not problem.shareable:
         return None
-    digest = hashlib.sha256(problem.fingerprint.encode()).hexdigest()
-    return (digest, dataclasses.replace(problem, jaxpr=None), *key[1:])  # no data held
+    return (dataclasses.replace(problem, jaxpr=None), *key[1:])  # no data held
 
 
 def _unbound(exe: Executable) -> Executable:
@@ -242,8 +245,12 @@ def _unbound(exe: Executable) -> Executable:
 def _bound(exe: Executable, jax_fn: Callable, problem: Problem) -> Executable:
     """`exe` for this call: `problem` (the same shapes and program, this function's jaxpr)
     and its constants placed where the step runs."""
-    if exe.call is Call.TO_HOST:  # placed per device as the chunks stream (`_stream_to_host`)
-        return dataclasses.replace(exe, problem=problem, consts=problem.consts)
+    if exe.call is Call.TO_HOST:  # each device's step reads its own copy
+        by_device = tuple(
+            (device, placed(jax_fn, problem, make_single_device_sharding(device)))
+            for device in exe.compiled
+        )
+        return dataclasses.replace(exe, problem=problem, consts=by_device)
     consts = placed(jax_fn, problem, const_sharding(problem))
     return dataclasses.replace(exe, problem=problem, consts=consts)
 
@@ -255,7 +262,7 @@ def placed(jax_fn: Callable, problem: Problem, sharding: Any) -> tuple[Any, ...]
     consts = problem.consts
     if not consts:
         return ()
-    key = (problem.fingerprint, repr(sharding))
+    key = (problem.program_digest, sharding)  # a sharding compares its devices
     found = _PLACED.get(jax_fn, key)
     if found is None:
         found = tuple(_place_whole(c, sharding) for c in consts)
@@ -267,9 +274,9 @@ def _place_whole(value: Any, sharding: Any) -> jax.Array:
     """`value` whole on every device of `sharding`: this process's devices only (under
     `jax.distributed`, `device_put` of one host array would first check, by a collective,
     that every process passed the same value)."""
-    if len(sharding.device_set) == 1:
+    if len(sharding.device_set) == 1 or jax.process_count() == 1:
         return jax.device_put(value, sharding, may_alias=True)
-    host = np.asarray(value)
+    host = np.asarray(value)  # (a PRNG key's data would need `jax.random.key_data` here)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
@@ -287,9 +294,11 @@ def _compile_to_host(program: Program) -> Executable:
 
     # Lanes are a CPU's: its outputs are aligned, to be placed on the device without a copy.
     empty = aligned_empty if program.request.lanes > 1 else np.empty
+    # Invariant: `init` holds nothing of the program (whose problem holds the data).
+    disk = program.request.output_memory == "disk"
 
     def init() -> list:
-        if program.request.output_memory == "disk":  # the run's sink takes the chunks
+        if disk:  # the run's sink takes the chunks
             return []
         return [empty(s.shape, s.dtype) for s in out_specs]
 
@@ -618,7 +627,7 @@ def _stream_to_host(exe: Executable, outputs: Any, samples: list) -> Any:
             local, where = [s.data for s in shards], shards[0].index[:1]
         views = [] if sink is not None else [o[where] for o in outputs]  # whole chains
         on_progress = progress if exe.progress else None
-        consts = [jax.device_put(c, device, may_alias=True) for c in exe.consts]
+        consts = list(dict(exe.consts).get(device, ()))
         stream_to_host(
             functools.partial(_with_consts, compiled, consts),
             local,

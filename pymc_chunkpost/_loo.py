@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _postprocess
 from ._options import check_options
+from ._problem import cpu_cores
 from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
 
 __all__ = ["loo"]
@@ -204,9 +205,17 @@ def _blocks(
     elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
     starts = list(range(0, n_leading - size, size)) + [n_leading - size]
     workspace = Workspace(size * rest, n_samples)
+    # Each observation is smoothed on its own: the block's rows in one part per core, each
+    # smoothed by a thread of its own (numpy releases the GIL), with the same numbers.
+    n_parts = max(1, min(cpu_cores(), size * rest))
+    bounds = np.linspace(0, size * rest, n_parts + 1).astype(int)
+    parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     # The engine computes the next block in a thread while this one is smoothed (numpy and
     # XLA release the GIL): at most two blocks' log-likelihood are alive at once.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool:
+    with (
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool,
+        ThreadPoolExecutor(max_workers=n_parts, thread_name_prefix="loo-psis") as smoothing,
+    ):
         pending = pool.submit(_collected, block, starts[0])
         for i, start in enumerate(starts):
             values = pending.result().reshape(n_samples, size * rest)
@@ -215,12 +224,23 @@ def _blocks(
             # (observations, draws): each observation's draws contiguous, as PSIS reads them.
             np.copyto(workspace.log_likelihood, values.T)
             del values
-            result = psis_loo_block(workspace.log_likelihood, reff, workspace)
-            where = slice(start * rest, (start + size) * rest)
-            elpd_i[where] = result.elpd_i
-            pareto_k[where] = result.pareto_k
-            lppd_i[where] = result.lppd_i
+            offset = start * rest
+            for part, result in zip(parts, smoothing.map(_smoothed(workspace, reff), parts)):
+                where = slice(offset + part.start, offset + part.stop)
+                elpd_i[where] = result.elpd_i
+                pareto_k[where] = result.pareto_k
+                lppd_i[where] = result.lppd_i
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
+
+
+def _smoothed(workspace: Workspace, reff: float) -> Callable[[slice], Any]:
+    """PSIS of the block's observations at a slice, in their part of `workspace`."""
+
+    def smooth(rows: slice) -> Any:
+        part = workspace.rows(rows)
+        return psis_loo_block(part.log_likelihood, reff, part)
+
+    return smooth
 
 
 def _collected(block: Callable[[int], np.ndarray], start: int) -> np.ndarray:

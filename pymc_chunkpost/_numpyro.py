@@ -88,6 +88,11 @@ class _Options:
     exact: bool = True
 
     def __post_init__(self) -> None:
+        if self.output_memory == "disk":
+            raise ValueError(
+                "`output_memory='disk'`: NumPyro's routes do not write to disk yet. Pass "
+                "'device', 'host' (host memory, chunk by chunk) or 'auto'."
+            )
         check_options(
             self.postprocessing_vectorize,
             self.chunk_size,

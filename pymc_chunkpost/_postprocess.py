@@ -522,6 +522,7 @@ def _run_shard_by_shard(
     results: list[list[Any]] = []
     plans: list[Plan] = []
     for local in shards.values():
+        read_again()  # what the shard before took is gone from the free memory
         outputs, shard_plan = run(
             jax_fn,
             local,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -120,6 +121,12 @@ class Problem:
             hashing keys into bits and writing draws, elementwise, which XLA's CPU runtime
             spreads over the cores in a straight-line program and not inside its loop
             (`_planner.loop_for`).
+        shareable: the printed jaxpr (`fingerprint`) says all the program computes, so that
+            another function printing the same may run its executable (`_executor`): no
+            callable parameter but a custom derivative's rules (which the forward program
+            never runs; a callback's or a custom batching rule's may close over data), no
+            nested jaxpr with constants of its own (printed as types only), no constant
+            printed elided.
         calls_lapack: the per-draw jaxpr applies a LAPACK kernel (`_compat.LAPACK_PRIMITIVES`),
             read once per trace (`_resources.shard_by_shard`, `lanes_for`).
     """
@@ -136,6 +143,7 @@ class Problem:
     one_draw_programs: bool = False
     random: bool = False
     calls_lapack: bool = dataclasses.field(default=False, compare=False)
+    shareable: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def device(self) -> jax.Device:
@@ -216,6 +224,11 @@ class Problem:
         them as arguments, so that new values of the same shapes compile nothing."""
         return () if self.jaxpr is None else tuple(self.jaxpr.consts)
 
+    @functools.cached_property
+    def program_digest(self) -> str:
+        """A digest of `fingerprint`: the per-draw program, its constants by shape."""
+        return hashlib.sha256(self.fingerprint.encode()).hexdigest()
+
     def with_placement(self, placement: Placement) -> Problem:
         return dataclasses.replace(self, placement=placement)
 
@@ -238,6 +251,7 @@ class _Trace:
     fingerprint: str
     gathered_bytes: int
     calls_lapack: bool
+    shareable: bool
 
 
 def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placement) -> Problem:
@@ -275,6 +289,7 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
         jaxpr=trace.jaxpr,
         gathered_bytes=trace.gathered_bytes,
         calls_lapack=trace.calls_lapack,
+        shareable=trace.shareable,
     )
     _ANALYSES.put(jax_fn, key, problem)
     return problem
@@ -284,16 +299,53 @@ def _trace(jax_fn: Callable, per_draw: Sequence[jax.ShapeDtypeStruct]) -> _Trace
     closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
     position = {id(v): i for i, v in enumerate(closed.jaxpr.invars)}
     consts = ";".join(f"{np.shape(c)}{getattr(c, 'dtype', '')}" for c in closed.consts)
+    fingerprint = f"{closed.jaxpr}|{consts}"
     return _Trace(
         jaxpr=closed,
         forwarded=tuple(position.get(id(v)) for v in closed.jaxpr.outvars),
         out_avals=tuple(closed.out_avals),
         intermediate_bytes=_intermediate_bytes(closed.jaxpr),
         shared_bytes=sum(int(getattr(c, "nbytes", 0)) for c in closed.consts),
-        fingerprint=f"{closed.jaxpr}|{consts}",
+        fingerprint=fingerprint,
         gathered_bytes=_gathered_bytes(closed.jaxpr, [True] * len(closed.jaxpr.invars)),
         calls_lapack=uses_primitives(closed.jaxpr, LAPACK_PRIMITIVES),
+        shareable=_shareable(closed.jaxpr) and not any(m in fingerprint for m in _HIDDEN),
     )
+
+
+#: What the jaxpr printer writes in place of what it hides: a function's address, an
+#: array constant's values (jax's simplified constants).
+_HIDDEN = ("0xXXXXXXXXXXXX", "[...]")
+#: Primitives whose callable parameters the forward program never runs: custom derivatives.
+_RULES_NOT_RUN = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _runs_code(value: Any) -> bool:
+    """Whether a primitive's parameter is code of the user's (a callable that is neither a
+    class nor a mesh, which `jit` carries as the context it traced in)."""
+    if isinstance(value, type) or type(value).__name__ in ("Mesh", "AbstractMesh"):
+        return False
+    return callable(value)
+
+
+def _shareable(jaxpr) -> bool:
+    """Whether the printed `jaxpr` says all it computes (`Problem.shareable`)."""
+    for eqn in jaxpr.eqns:
+        for name, value in eqn.params.items():
+            if name == "impl" and eqn.primitive.name.startswith("random_"):
+                continue  # a PRNG implementation, printed by its name
+            values = value if isinstance(value, tuple | list) else (value,)
+            for v in values:
+                consts = getattr(v, "consts", None)
+                inner = getattr(v, "jaxpr", v)
+                if consts:  # a closed jaxpr holding constants of its own
+                    return False
+                if hasattr(inner, "eqns"):
+                    if not _shareable(inner):
+                        return False
+                elif _runs_code(v) and eqn.primitive.name not in _RULES_NOT_RUN:
+                    return False
+    return True
 
 
 # Primitives whose results XLA's fusion passes generally cannot keep out of memory. A first

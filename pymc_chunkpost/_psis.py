@@ -64,6 +64,13 @@ class Workspace:
         self.scratch = np.empty((n_obs, n_samples))  # exponentials, partitions
         self.mask = np.empty((n_obs, n_samples), dtype=bool)  # the tail's draws
 
+    def rows(self, where: slice) -> Workspace:
+        """The buffers of the observations at `where`: views, contiguous, of these."""
+        part = object.__new__(Workspace)
+        for name in ("log_likelihood", "weights", "scratch", "mask"):
+            setattr(part, name, getattr(self, name)[where])
+        return part
+
 
 def psis_loo_block(
     log_likelihood: np.ndarray, reff: float, workspace: Workspace | None = None

@@ -132,8 +132,8 @@ def test_nothing_cached_holds_a_model_s_data_once_it_is_gone():
     model = models.data_regression(n_obs=shape[0])
     raw = models.raw_draws(model, 2, 30)
     clear_caches()
-    for strategy in ("auto", "chunked"):
-        _postprocess.run(models.jax_fn(model), raw, None, strategy)
+    for strategy, where in (("auto", "device"), ("chunked", "device"), ("chunked", "host")):
+        _postprocess.run(models.jax_fn(model), raw, None, strategy, output_memory=where)
     assert len(_executor._BY_PROGRAM) > 0
     del model
     gc.collect()
@@ -141,3 +141,59 @@ def test_nothing_cached_holds_a_model_s_data_once_it_is_gone():
     arrays = [o for o in gc.get_objects() if issubclass(type(o), np.ndarray)]
     assert not [a for a in arrays if a.shape == shape]
     assert len(_executor._BY_PROGRAM) > 0
+
+
+def _inner_jit(value):
+    """A function whose nested `jax.jit` holds a constant of its own: printed by type only."""
+    w = jax.numpy.full((4,), value)
+    inner = jax.jit(lambda x: x * w)
+    return lambda x: [inner(x)]
+
+
+def _callback(value):
+    """A function whose callback (printed with its address masked) closes over a value."""
+
+    def host(x):
+        return np.asarray(x) * value
+
+    spec = jax.ShapeDtypeStruct((4,), np.float64)
+    return lambda x: [jax.pure_callback(host, spec, x, vmap_method="sequential")]
+
+
+@pytest.mark.parametrize("make", [_inner_jit, _callback])
+def test_what_the_printed_program_hides_is_never_shared(make):
+    """Two functions that print the same jaxpr but compute other numbers (a nested jit's own
+    constants, a callback's closure) each run their own executable."""
+    samples = [np.ones((2, 3, 4))]
+    clear_caches()
+    first = pymc_chunkpost.postprocess_samples(make(1.0), samples)
+    second = pymc_chunkpost.postprocess_samples(make(2.0), samples)
+    np.testing.assert_array_equal(np.asarray(first[0]), 1.0)
+    np.testing.assert_array_equal(np.asarray(second[0]), 2.0)
+
+
+def test_one_function_at_two_precisions_runs_two_programs():
+    model = models.data_regression(n_obs=50)
+    jax_fn, raw = models.jax_fn(model), models.raw_draws(model, 2, 10)
+    clear_caches()
+    _postprocess.run(jax_fn, raw, None, "vmap", matmul_precision="highest")
+    with counting_compiles() as compiles:
+        _, plan = _postprocess.run(jax_fn, raw, None, "vmap")
+    assert compiles[0] == 1
+
+
+def test_data_placed_on_one_mesh_are_not_read_on_another():
+    """The placed data are kept by sharding, devices included: the same function on draws
+    split over other devices places them again."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices")
+    model = models.data_regression(n_obs=50)
+    jax_fn, raw = models.jax_fn(model), models.raw_draws(model, 2, 10)
+    for devices in ([0, 1], [2, 3], [1, 0]):
+        mesh = Mesh(np.array([jax.devices()[i] for i in devices]), ("chain",))
+        sharding = NamedSharding(mesh, PartitionSpec("chain"))
+        split = [jax.device_put(jax.numpy.asarray(x), sharding) for x in raw]
+        outputs, _ = _postprocess.run(jax_fn, split, None, "auto")
+        assert_same(outputs, reference(jax_fn, raw))

@@ -272,14 +272,20 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
     import tracemalloc
 
     budget = 4 * 2**20
-    seen: list[tuple[int, int]] = []
-    original = _loo.psis_loo_block
+    seen: list[int] = []  # the blocks' starts
+    workspaces: list[int] = []  # the observations of each call's block buffers
+    collected, workspace = _loo._collected, _loo.Workspace
 
-    def spy(block, reff, workspace=None):
-        seen.append(block.shape)
-        return original(block, reff, workspace)
+    def block_spy(block, start):
+        seen.append(start)
+        return collected(block, start)
 
-    monkeypatch.setattr(_loo, "psis_loo_block", spy)
+    def workspace_spy(n_obs, n_samples):
+        workspaces.append(n_obs)
+        return workspace(n_obs, n_samples)
+
+    monkeypatch.setattr(_loo, "_collected", block_spy)
+    monkeypatch.setattr(_loo, "Workspace", workspace_spy)
     peaks, sizes = {}, {}
     for n in (400, 1600):
         model, draws = hierarchical(n)
@@ -289,12 +295,13 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
             if n == 400:  # pymc's and pytensor's first-call caches, outside the measure
                 pymc_chunkpost.loo(idata, model, memory_budget=budget)
             seen.clear()
+            workspaces.clear()
             tracemalloc.start()
             pymc_chunkpost.loo(idata, model, pointwise=True, memory_budget=budget)
             peaks[n] = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-        assert len(seen) > 1 and len(set(seen)) == 1  # several blocks, all of one size
-        sizes[n] = seen[0][0]
+        assert len(seen) > 1 and len(workspaces) == 1  # several blocks in one block's buffers
+        sizes[n] = workspaces[0]
     assert sizes[400] == sizes[1600] == _loo._block_size((10**6,), CHAINS * DRAWS, budget, None)
     assert sizes[400] * CHAINS * DRAWS * 8 * 6 <= budget
     per_observation = 64 * 8  # elpd_i, k, lppd_i, their DataArrays and the model's data

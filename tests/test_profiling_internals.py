@@ -62,3 +62,11 @@ def test_steps_are_timed_and_plans_recorded(built, monkeypatch):
 def test_an_unknown_step_is_refused():
     with pytest.raises(KeyError):
         internals.time_step("no_such_step", print)
+
+
+def test_use_disk_codec_sets_the_disk_tiers_codec(monkeypatch):
+    from pymc_chunkpost import _disk_output
+
+    monkeypatch.setattr(_disk_output, "COMPRESSORS", None)
+    internals.use_disk_codec("auto")
+    assert _disk_output.COMPRESSORS == "auto"

@@ -44,6 +44,7 @@ __all__ = [
     "time_step",
     "timed",
     "unrolled_threefry",
+    "use_disk_codec",
     "wait_for_disk",
 ]
 
@@ -102,3 +103,11 @@ def on_plan(record: Callable[[Plan], None]) -> None:
         return outputs, plan
 
     _postprocess.run = recorded
+
+
+def use_disk_codec(compressors: Any) -> None:
+    """The disk tier's Zarr codec from now on in this process (`"auto"`: zarr's default,
+    zstd; None: none, the tier's choice): for `bench_disk.py`'s codec comparison."""
+    from .. import _disk_output
+
+    _disk_output.COMPRESSORS = compressors

@@ -1,6 +1,6 @@
 """What a chunked program costs to compile, by loop kind and output size, beside plain JAX.
 
-    python benchmarks/compile_cost.py [--rows 100000,1000000] [--draws 4x500]
+    python benchmarks/probes/compile_cost.py [--rows 100000,1000000] [--draws 4x500]
         [--plans vmap,chunked,chunked_host_loop,jit_vmap] [--out FILE]
 
 Issue 50 saw XLA compile one chunk step for 212 s on a TPU v5e (an 8 GB `X @ beta`
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _cell import run_child  # noqa: E402
