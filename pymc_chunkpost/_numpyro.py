@@ -752,10 +752,13 @@ def _trace(
     In numpyro's `lax.map` the model's data are operands of the loop: parameters of the
     compiled program. Here a constant of up to `SMALL_CONSTANT_BYTES` (a distribution's
     scale, eight schools' `sigma`, a guide's scalar params) is a per-draw input, a parameter
-    too; a larger one (a design matrix) stays a constant of the program, behind an
-    optimization barrier (`_engine_function`), and in the cache key by content. As a
-    constant, XLA folds what reads only it, and sinks it into the loop, where its rewrites
-    of `(a * b) * broadcast(c)` round apart from numpyro's (docs/numpyro.md).
+    too; a larger one (a design matrix) stays a constant of the engine's function, behind
+    an optimization barrier (`_engine_function`), and in the cache key by content. The
+    engine passes it to its programs as an argument (`_program`), or, where the exact loop's
+    batching rule closes over it, keeps it in that program, which is then not shared with
+    other data (`Problem.shareable`). Folded as a constant, XLA would sink what reads only it
+    into the loop, where its rewrites of `(a * b) * broadcast(c)` round apart from numpyro's
+    (docs/numpyro.md).
     """
     closed, out_shape = jax.make_jaxpr(per_draw, return_shape=True)(*specs)
     out_tree = jax.tree_util.tree_structure(out_shape)
