@@ -30,10 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _postprocess
-from ._options import check_options
 from ._problem import cpu_cores
 from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
+from ._route import Options, evaluate
 
 __all__ = ["loo"]
 
@@ -120,9 +119,9 @@ def loo(
 
     generation = arviz_generation()
     scale_value = _scale_value(scale, generation)
-    check_options(
-        postprocessing_vectorize, None, None, memory_budget, matmul_precision=matmul_precision
-    )
+    engine = {"memory_budget": memory_budget, "matmul_precision": matmul_precision}
+    options = Options(postprocessing_backend, postprocessing_vectorize, progressbar, engine)
+    options.check()
     _check_block_size(block_size)
     posterior = _posterior(idata)
     model = pymc.modelcontext(model)
@@ -143,21 +142,12 @@ def loo(
     # for its temporaries (the rest is the smoothing's workspace and the next block).
     rest = math.prod(graph.shape[1:]) if graph.shape else 1
     engine_budget = None if memory_budget is None else 2 * 8 * n_samples * size * rest
+    options = options.with_engine(memory_budget=engine_budget)
 
     def block(start: int) -> np.ndarray:
-        jax_fn = graph.block_function(start, size)
-        outputs, _ = _postprocess.run(
-            jax_fn,
-            arrays,
-            postprocessing_backend,
-            postprocessing_vectorize,
-            False,
-            memory_budget=engine_budget,
-            progressbar=progressbar,
-            progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
-            matmul_precision=matmul_precision,
-        )
-        return np.asarray(outputs[0], dtype=np.float64)
+        label = f"Log-likelihood of {name!r} [{start}:{start + size}]"
+        values, _ = evaluate(graph.block_function(start, size), arrays, options, label)
+        return np.asarray(values[0], dtype=np.float64)
 
     elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff)
     dims, coords = graph.dims_and_coords()
@@ -600,7 +590,8 @@ def numpyro_loo(
     from ._numpyro import _as_chains_draws, _batch_shape, _check_callable, _log_likelihood_draw
 
     generation = arviz_generation()
-    check_options(postprocessing_vectorize, None, None, memory_budget)
+    options = Options(None, postprocessing_vectorize, progressbar, {"memory_budget": memory_budget})
+    options.check()
     _check_block_size(block_size)
     _check_callable(model, "model")
     if batch_ndims not in (1, 2):
@@ -649,17 +640,9 @@ def numpyro_loo(
             # The engine maps a function of a list of outputs.
             return [site if not shape or size == shape[0] else site[start : start + size]]
 
-        outputs, _ = _postprocess.run(
-            per_draw,
-            draws,
-            None,
-            postprocessing_vectorize,
-            False,
-            memory_budget=memory_budget,
-            progressbar=progressbar,
-            progress_label=f"Log-likelihood of {name!r} [{start}:{start + size}]",
-        )
-        return np.asarray(outputs[0], dtype=np.float64)
+        label = f"Log-likelihood of {name!r} [{start}:{start + size}]"
+        values, _ = evaluate(per_draw, draws, options, label)
+        return np.asarray(values[0], dtype=np.float64)
 
     elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff)
     dims = [f"{name}_dim_{i}" for i in range(len(shape))]
