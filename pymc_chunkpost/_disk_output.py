@@ -50,10 +50,17 @@ __all__ = [
     "QUEUE_CHUNKS",
     "DiskSink",
     "StoredOutputs",
+    "add_coords",
+    "adopt",
+    "begin",
     "check_place",
+    "complete",
     "create_or_resume",
     "open_group",
     "open_outputs",
+    "part_path",
+    "set_attrs",
+    "write_dataset",
 ]
 
 #: The writer's queue: landed chunks waiting to be written. Two keep the writer busy while
@@ -337,18 +344,77 @@ class DiskSink:
                     self.files[j],
                 )
         _write_coords(self.root, self.outputs, self.coords)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module="zarr")
-            _zarr().consolidate_metadata(str(self.path))
-        root = _zarr().open_group(str(self.path), mode="r+")
-        described = dict(root.attrs[ATTRIBUTE])
-        root.attrs[ATTRIBUTE] = described | {"complete": True}  # last: the store is whole
-        shutil.rmtree(self.path / MARKERS, ignore_errors=True)
+        complete(self.path)
         return stored_arrays(self.path, self.outputs)
 
     def abandon(self) -> None:
         """Stop the writer after a failure; what it wrote whole stays marked."""
         self.writer.close(raise_error=False)
+
+
+def complete(path: Path) -> None:
+    """Consolidate the store's metadata, then mark it complete (last: the store is whole),
+    then remove its markers (a complete store needs none)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="zarr")
+        _zarr().consolidate_metadata(str(path))
+    root = _zarr().open_group(str(path), mode="r+")
+    described = dict(root.attrs[ATTRIBUTE])
+    root.attrs[ATTRIBUTE] = described | {"complete": True}
+    shutil.rmtree(path / MARKERS, ignore_errors=True)
+
+
+# --- A store that several runs fill (the patched `pm.sample`: the log-likelihood, the
+# posterior) and the rest of an InferenceData: each run writes a store of its own under
+# `PARTS`, whose groups are then moved in (renamed, never copied). --------------------------
+
+#: The folder, inside such a store, of the runs' own stores until they are moved in.
+PARTS = "_chunkpost_parts"
+
+
+def part_path(path: Any, group: str) -> Path:
+    """Where the run that writes `group` of the store at `path` writes its own store."""
+    return Path(os.fspath(path)) / PARTS / group
+
+
+def begin(path: Path) -> None:
+    """The root of a store that several runs fill, described as incomplete (a run killed
+    before `complete` never reads back as complete)."""
+    root = _zarr().open_group(str(path), mode="a")
+    root.attrs[ATTRIBUTE] = {"format": FORMAT, "complete": False, "outputs": []}
+
+
+def adopt(path: Path, part: Path) -> None:
+    """Move every group of the complete store `part` into the store at `path` (a rename on
+    one disk), and its outputs into `path`'s description."""
+    described = _read_description(part)
+    if described is None or not described.get("complete"):
+        raise RuntimeError(f"{str(part)!r} is not a complete store of ours.")
+    for group in dict.fromkeys(o["group"] for o in described["outputs"]):
+        os.replace(part / group, path / group)
+    root = _zarr().open_group(str(path), mode="r+")
+    mine = dict(root.attrs[ATTRIBUTE])
+    root.attrs[ATTRIBUTE] = mine | {"outputs": mine["outputs"] + described["outputs"]}
+    shutil.rmtree(part)
+
+
+def write_dataset(path: Path, group: str, dataset: Any) -> None:
+    """An in-memory `Dataset` as the store's `group`, written by xarray (its encoding)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="zarr")
+        dataset.to_zarr(str(path), group=group, mode="w-", zarr_format=3, consolidated=False)
+
+
+def add_coords(path: Path, group: str, coords: Mapping[str, Any]) -> None:
+    """The index coordinates `coords` (dim name to values) that the store's `group` lacks."""
+    sizes = {dim: len(values) for dim, values in coords.items()}
+    _write_group_coords(_zarr().open_group(str(path), mode="r+")[group], sizes, coords)
+
+
+def set_attrs(path: Path, group: str, attrs: Mapping[str, Any]) -> None:
+    """The attributes of the store's `group`, as xarray reads a `Dataset`'s."""
+    plain = {k: v.item() if isinstance(v, np.generic) else v for k, v in attrs.items()}
+    _zarr().open_group(str(path), mode="r+")[group].attrs.update(plain)
 
 
 def open_group(path: Any, group: str) -> Any:
@@ -441,27 +507,32 @@ def _write_coords(root: Any, outputs: Sequence[Output], coords: Mapping[str, Any
     """The given coordinates (`chain` and `draw` by default `0..n-1`), in every group, as
     xarray writes an index coordinate: an array named as its dim."""
     for group_name in dict.fromkeys(o.group for o in outputs):
-        group = root[group_name]
-        mine = [o for o in outputs if o.group == group_name]
         sizes: dict[str, int] = {}
-        for o in mine:
-            sizes.update(zip(o.dims, o.shape))
-        for dim, size in sizes.items():
-            if dim in group:
-                continue
-            values = coords.get(dim)
-            if values is None and dim in ("chain", "draw"):
-                values = np.arange(size)
-            if values is None or np.shape(values) != (size,):
-                continue
-            values = np.asarray(values)
-            if values.dtype.kind in "OU":
-                values = values.astype(str)
-                dtype: Any = str
-            else:
-                dtype = values.dtype
-            array = group.create_array(dim, shape=values.shape, dtype=dtype, dimension_names=[dim])
-            array[...] = values
+        for o in outputs:
+            if o.group == group_name:
+                sizes.update(zip(o.dims, o.shape))
+        _write_group_coords(root[group_name], sizes, coords)
+
+
+def _write_group_coords(group: Any, sizes: Mapping[str, int], coords: Mapping[str, Any]) -> None:
+    """The coordinates of the dims `sizes` that `group` lacks, from `coords` (`chain` and
+    `draw` by default `0..n-1`)."""
+    for dim, size in sizes.items():
+        if dim in group:
+            continue
+        values = coords.get(dim)
+        if values is None and dim in ("chain", "draw"):
+            values = np.arange(size)
+        if values is None or np.shape(values) != (size,):
+            continue
+        values = np.asarray(values)
+        if values.dtype.kind in "OU":
+            values = values.astype(str)
+            dtype: Any = str
+        else:
+            dtype = values.dtype
+        array = group.create_array(dim, shape=values.shape, dtype=dtype, dimension_names=[dim])
+        array[...] = values
 
 
 def _mark(folder: Path, start: int, stop: int) -> None:

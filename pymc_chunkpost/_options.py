@@ -133,9 +133,7 @@ def check_options(
         raise ValueError(
             f"`{names['output_memory']}='disk'` writes the outputs into a Zarr store, so it "
             f"needs `{names['output_path']}` (a folder), or a default path set with "
-            "`pymc_chunkpost.configure_memory(output_path=...)`. `postprocess_samples`, "
-            "`compute_log_*`, `compute_deterministics` and `sample_posterior_predictive` take "
-            "one; the patched `pm.sample` and NumPyro's routes do not write to disk yet."
+            "`pymc_chunkpost.configure_memory(output_path=...)`."
         )
     if output_path is not None and (
         not isinstance(output_path, str | os.PathLike) or not os.fspath(output_path)

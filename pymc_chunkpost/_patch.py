@@ -29,6 +29,7 @@ from typing import Any
 from . import _postprocess, _route
 from ._memory import resolve_device
 from ._options import check_options
+from ._sample_store import SampleStore
 from ._types import Plan
 
 __all__ = ["patch", "unpatch", "is_patched", "patched"]
@@ -42,6 +43,15 @@ OPTIONS: dict[str, str] = {
     "postprocessing_memory_budget": "memory_budget",
     "postprocessing_output_memory": "output_memory",
     "postprocessing_matmul_precision": "matmul_precision",
+    "postprocessing_output_path": "output_path",
+}
+#: Options of the other routes that a sampling call refuses, and why.
+_REFUSED = {
+    "postprocessing_resume": (
+        "a sampling call draws new samples, so its store on disk cannot be resumed. Pass a "
+        "new `postprocessing_output_path`, or post-process an existing posterior with "
+        "`pymc_chunkpost.compute_deterministics(..., resume=True)`."
+    ),
 }
 _PYMC_STRATEGIES = ("vmap", "scan")  # what pymc's own `_postprocess_samples` knows
 _TARGETS = (
@@ -110,6 +120,7 @@ class _Session:
     output_memory: str
     progressbar: bool
     matmul_precision: str | None = None
+    disk: SampleStore | None = None  # where the outputs go with output memory "disk"
     plans: list[Plan] = dataclasses.field(default_factory=list)
 
 
@@ -135,9 +146,20 @@ def patch(*, posterior_predictive: bool = False) -> None:
       meaning.
     - `postprocessing_chunk_size` / `postprocessing_n_chunks`: draws per chunk, or the number
       of chunks, for "chunked" and "auto". Smaller chunks use less memory and take longer.
-    - `postprocessing_output_memory`: "auto" (default), "device" or "host": where the outputs
-      live. "host" computes chunk by chunk on the device and lands each chunk in host memory,
-      for outputs larger than an accelerator; "auto" does so when they do not fit it.
+    - `postprocessing_output_memory`: "auto" (default), "device", "host" or "disk": where the
+      outputs live. "host" computes chunk by chunk on the device and lands each chunk in host
+      memory, for outputs larger than an accelerator; "auto" does so when they do not fit it.
+      "disk" writes each chunk into a Zarr store at `postprocessing_output_path`, and the
+      call returns pymc's InferenceData (pymc 6: DataTree) opened from that store: every
+      group pymc returns (the posterior and the log-likelihood read lazily; sample stats,
+      observed and constant data written beside them). Host memory then holds a few chunks,
+      never the outputs; costs the disk's write time. "auto" never chooses disk here.
+    - `postprocessing_output_path`: the store's folder for "disk" (default:
+      `configure_memory(output_path=...)`'s); it must be empty or absent, writable, and have
+      room for the outputs, checked before sampling (the exact bytes again before the
+      post-processing writes). A call that fails after sampling removes what it wrote. A
+      store cannot be resumed: each call draws new samples (`postprocessing_resume` is
+      refused). Needs zarr (`pip install "pymc-chunkpost[disk]"`).
     - `postprocessing_memory_budget`: bytes the outputs and temporaries may take; default the
       device's free memory.
     - `postprocessing_matmul_precision`: the precision of float32 products; default None,
@@ -334,6 +356,7 @@ def _make_postprocess_samples(original: Callable) -> Callable:
                 donate_samples,
             )
             return outputs
+        on_disk = {} if session.disk is None else session.disk.next_run()
         outputs, plan = _postprocess.run(
             jax_fn,
             raw_mcmc_samples,
@@ -343,12 +366,12 @@ def _make_postprocess_samples(original: Callable) -> Callable:
             chunk_size=session.chunk_size,
             n_chunks=session.n_chunks,
             memory_budget=session.memory_budget,
-            output_memory=session.output_memory,
             progressbar=session.progressbar,
             matmul_precision=session.matmul_precision,
+            **({"output_memory": session.output_memory} | on_disk),
         )
         session.plans.append(plan)
-        return outputs
+        return outputs if session.disk is None else session.disk.placeholders(outputs)
 
     return _postprocess_samples
 
@@ -359,6 +382,9 @@ def _pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     pymc 6's `pm.sample(nuts={...})` lifts `postprocessing_vectorize` to a keyword argument
     but leaves the others in `nuts_kwargs`, meant for the NUTS kernel; none may reach it.
     """
+    for name, reason in _REFUSED.items():
+        if name in kwargs or name in (kwargs.get("nuts_kwargs") or {}):
+            raise ValueError(f"`{name}` is not an option of a sampling call: {reason}")
     options = {name: kwargs.pop(name) for name in OPTIONS if name in kwargs}
     nuts_kwargs = kwargs.get("nuts_kwargs")
     if nuts_kwargs and any(name in nuts_kwargs for name in OPTIONS):
@@ -376,19 +402,45 @@ def _pop_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _check_options(options: dict[str, Any], postprocessing_backend: Any) -> None:
-    """Every check `postprocess_samples` would make on the options, before sampling."""
+def _check_options(options: dict[str, Any], original: Callable, args: tuple, kwargs: dict) -> Any:
+    """Every check `postprocess_samples` would make on the options, before sampling; and,
+    for outputs on disk, the checks of the place (`SampleStore.plan`). Returns the store
+    where the outputs go to disk, else None.
+
+    `postprocessing_output_path` (default `configure_memory`'s) is read for "disk" only: a
+    sampling call's "auto" never chooses disk (the store holds the whole InferenceData,
+    decided before sampling).
+    """
+    where = options["postprocessing_output_memory"] or "auto"
+    given = options["postprocessing_output_path"]
     try:
+        if given is not None and where != "disk":
+            raise ValueError(
+                f"`postprocessing_output_path={given!r}` is the store of "
+                "`postprocessing_output_memory='disk'`, but the output memory is "
+                f"{where!r}. Pass `postprocessing_output_memory='disk'` to write the "
+                "InferenceData there, or no path."
+            )
+        path = _route.output_path(given) if where == "disk" else None
         check_options(
             options["postprocessing_vectorize"],
             options["postprocessing_chunk_size"],
             options["postprocessing_n_chunks"],
             options["postprocessing_memory_budget"],
-            options["postprocessing_output_memory"] or "auto",
+            where,
             options["postprocessing_matmul_precision"],
             names={argument: option for option, argument in OPTIONS.items()},
+            output_path=path,
         )
-        resolve_device(postprocessing_backend)
+        resolve_device(kwargs.get("postprocessing_backend"))
+        if path is None:
+            return None
+        import pymc
+
+        bound = inspect.signature(original).bind(*args, **kwargs)
+        bound.apply_defaults()
+        model = pymc.modelcontext(bound.arguments["model"])
+        return SampleStore.plan(path, model, bound.arguments)
     except ValueError as error:
         raise ValueError(f"{error} Nothing was sampled.") from None
 
@@ -397,16 +449,19 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
     def sample_jax_nuts(*args, **kwargs):
         """pymc's `sample_jax_nuts`, post-processing with `pymc_chunkpost` (see `patch`).
 
-        Takes pymc's arguments and `postprocessing_vectorize` (any of `STRATEGIES`, default
-        "auto"), `postprocessing_chunk_size`, `postprocessing_n_chunks` and
-        `postprocessing_memory_budget`, as keyword arguments or inside `nuts_kwargs`. They
-        are checked before sampling; the plan that ran is recorded in
-        `idata.posterior.attrs`.
+        Takes pymc's arguments and the options `patch` lists (`postprocessing_vectorize`,
+        any of `STRATEGIES`, default "auto"; `postprocessing_chunk_size`, ...,
+        `postprocessing_output_path`), as keyword arguments or inside `nuts_kwargs`. They
+        are checked before sampling (for "disk", the store's place too); the plan that ran
+        is recorded in `idata.posterior.attrs`.
         """
         options = dict.fromkeys(OPTIONS) | _pop_options(kwargs)
         if options["postprocessing_vectorize"] is None:
             options["postprocessing_vectorize"] = "auto"
-        _check_options(options, kwargs.get("postprocessing_backend"))
+        disk = _check_options(options, original, args, kwargs)
+        checks = kwargs.get("compute_convergence_checks", True)
+        if disk is not None:  # on the store's posterior, once it is written (`finish`)
+            kwargs["compute_convergence_checks"] = False
         session = _Session(
             strategy=str(options["postprocessing_vectorize"]),
             chunk_size=options["postprocessing_chunk_size"],
@@ -415,33 +470,28 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
             output_memory=options["postprocessing_output_memory"] or "auto",
             matmul_precision=options["postprocessing_matmul_precision"],
             progressbar=bool(kwargs.get("progressbar", True)) and not kwargs.get("quiet", False),
+            disk=disk,
         )
-        token = _session.set(session)
         try:
-            # None: pymc then neither warns that the option "will be removed" nor uses it.
-            idata = original(*args, postprocessing_vectorize=None, **kwargs)
-        except TypeError as error:
-            if kwargs.get("nuts_sampler") == "blackjax" and (
-                "unexpected keyword argument 'progress_bar'" in str(error)
-            ):
-                raise TypeError(
-                    f"{error}. This is a known incompatibility of pymc's blackjax sampler "
-                    "with blackjax >= 1.6 (patched or not); install `blackjax<1.6`, or use "
-                    "`nuts_sampler='numpyro'`."
-                ) from error
+            idata = _run_pymc(original, args, kwargs, session)
+            if not session.plans:
+                warnings.warn(
+                    "pymc_chunkpost did not post-process this sampling run (was `unpatch()` "
+                    "called while a reference to the patched sampler was kept?); pymc's own "
+                    "post-processing ran.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                if disk is not None:
+                    disk.abandon()
+                return idata
+            _record(idata, session.plans[-1])  # pymc post-processes the posterior last
+            if disk is not None:
+                idata = disk.finish(idata, checks, bool(kwargs.get("quiet", False)))
+        except BaseException:
+            if disk is not None:
+                disk.abandon()
             raise
-        finally:
-            _session.reset(token)
-        if not session.plans:
-            warnings.warn(
-                "pymc_chunkpost did not post-process this sampling run (was `unpatch()` "
-                "called while a reference to the patched sampler was kept?); pymc's own "
-                "post-processing ran.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return idata
-        _record(idata, session.plans[-1])  # pymc post-processes the posterior last
         return idata
 
     # pymc's signature plus the plugin's options, for `help()` and `inspect`.
@@ -451,6 +501,26 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
     signature = signature.replace(parameters=parameters[:-1] + extra + parameters[-1:])
     vars(sample_jax_nuts)["__signature__"] = signature
     return sample_jax_nuts
+
+
+def _run_pymc(original: Callable, args: tuple, kwargs: dict, session: _Session) -> Any:
+    """pymc's own `sample_jax_nuts`, its post-processing within `session`."""
+    token = _session.set(session)
+    try:
+        # None: pymc then neither warns that the option "will be removed" nor uses it.
+        return original(*args, postprocessing_vectorize=None, **kwargs)
+    except TypeError as error:
+        if kwargs.get("nuts_sampler") == "blackjax" and (
+            "unexpected keyword argument 'progress_bar'" in str(error)
+        ):
+            raise TypeError(
+                f"{error}. This is a known incompatibility of pymc's blackjax sampler "
+                "with blackjax >= 1.6 (patched or not); install `blackjax<1.6`, or use "
+                "`nuts_sampler='numpyro'`."
+            ) from error
+        raise
+    finally:
+        _session.reset(token)
 
 
 def _record(idata: Any, plan: Plan) -> None:

@@ -29,7 +29,6 @@ import numpy as np
 from . import _disk_output, _postprocess
 from ._cache import FunctionCache
 from ._graph import jaxify
-from ._memory import output_path_setting
 from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
 from ._route import Options, as_draws, cached_graph, evaluate, fall_back, split
 
@@ -560,10 +559,11 @@ def _dataset(
         ValueError: outputs asked on disk with other sample dims than
             `("chain", "draw")`, before any work.
     """
-    path = options.engine.get("output_path") or output_path_setting()
+    path = options.engine.get("output_path")  # `_route.split` resolved the default
     where = options.engine.get("output_memory", "auto")
     if tuple(sample_dims) != ("chain", "draw") and where != "disk":
-        path = None  # "auto" never puts other sample dims on disk
+        # "auto" never puts other sample dims on disk: the store's layout has two.
+        path, options = None, options.with_engine(output_path=None)
     store = None
     if path is not None and where in ("auto", "disk"):
         if tuple(sample_dims) != ("chain", "draw"):
@@ -579,8 +579,6 @@ def _dataset(
         store = _postprocess.StoreLayout(
             graph.output_names, group, dims, {**coords, **samples}, graph.dtypes
         )
-    if path is not None:
-        options = options.with_engine(output_path=path)
     values = _evaluate(graph, draws, options, label, store)
     if values is None:
         return _disk_output.open_group(path, group)[graph.output_names]  # pymc's order

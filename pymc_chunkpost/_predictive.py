@@ -41,7 +41,6 @@ import numpy as np
 from . import _postprocess
 from ._cache import FunctionCache
 from ._graph import RandomFunction, random_function
-from ._memory import output_path_setting
 from ._pymc_model import Fallback, compile_fallback, expected_shapes, pymc6
 from ._route import Options, as_draws, cached_graph, evaluate, fall_back, split
 
@@ -225,8 +224,6 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], Options]:
         arguments,
         skip=("trace",),
     )
-    path = options.engine.get("output_path") or output_path_setting()
-    options = options.with_engine(output_path=path)
     if pymc_args.get("progressbar_theme", False) is None:  # None: pymc's default
         del pymc_args["progressbar_theme"]
     sample_dims = pymc_args.get("sample_dims")

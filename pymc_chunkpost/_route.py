@@ -39,6 +39,7 @@ __all__ = [
     "cached_graph",
     "evaluate",
     "fall_back",
+    "output_path",
     "split",
 ]
 
@@ -98,7 +99,7 @@ class Options:
             engine.get("memory_budget"),
             engine.get("output_memory", "auto"),
             engine.get("matmul_precision"),
-            output_path=engine.get("output_path") or output_path_setting(),
+            output_path=engine.get("output_path"),
             resume=engine.get("resume", False),
         )
         # None is the default device, which every JAX has: not looked up here, so that a
@@ -155,6 +156,8 @@ def split(
             raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
     engine = {key: arguments[key] for key in OPTIONS if key in ours_signature}
     engine |= extra or {}
+    # Every route that splits its arguments here may write to disk.
+    engine["output_path"] = output_path(engine.get("output_path"))
     options = Options(
         backend=engine.pop("postprocessing_backend", None),
         strategy=engine.pop("postprocessing_vectorize", "auto"),
@@ -163,6 +166,13 @@ def split(
     )
     options.check()
     return pymc_args, options
+
+
+def output_path(given: Any) -> Any:
+    """The disk tier's store folder of a call that may write to disk: the one `given`, else
+    `configure_memory(output_path=...)`'s default (None where neither is set). Every route
+    resolves it here, once, before any work."""
+    return output_path_setting() if given is None else given
 
 
 def fall_back(name: str, fallback: Fallback, original: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -388,6 +388,29 @@ def test_log_densities_on_disk_equal_pymc(posthoc_models, tmp_path, name, functi
     assert_like_pymc(extended[group], theirs)
 
 
+@pytest.mark.parametrize("given", [True, False])  # the call's path, or the default one
+def test_other_sample_dims_stay_in_memory_under_auto(posthoc_models, tmp_path, monkeypatch, given):
+    """The store holds (chain, draw): "auto" keeps other sample dims in memory, whichever
+    path applies, and "disk" refuses them before any work."""
+    import test_posthoc
+
+    model, post = posthoc_models["eight_schools"]
+    dataset = post.transpose("draw", "chain", ...)
+    kwargs = dict(model=model, sample_dims=("draw", "chain"), progressbar=False)
+    theirs = test_posthoc.PYMC["compute_log_likelihood"](test_posthoc.idata_of(dataset), **kwargs)
+    path = tmp_path / "store"
+    if given:
+        kwargs["output_path"] = path
+    else:
+        monkeypatch.setenv(OUTPUT_PATH_ENV, str(path))
+    ours = pc.compute_log_likelihood(test_posthoc.idata_of(dataset), **kwargs)
+    assert_like_pymc(ours["log_likelihood"], theirs["log_likelihood"])
+    assert not path.exists()
+    with pytest.raises(ValueError, match="sample dims"):
+        pc.compute_log_likelihood(test_posthoc.idata_of(dataset), **kwargs, output_memory="disk")
+    assert not path.exists()
+
+
 def test_deterministics_on_disk_equal_pymc(posthoc_models, tmp_path):
     import test_posthoc
 

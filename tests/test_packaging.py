@@ -89,7 +89,16 @@ LAYERS = [
     ("face", {"__init__", "cli", "profiling", "numpyro"}),
     (
         "routes",
-        {"_patch", "_posthoc", "_loo", "_predictive", "_numpyro", "_numpyro_patch", "_route"},
+        {
+            "_patch",
+            "_posthoc",
+            "_loo",
+            "_predictive",
+            "_numpyro",
+            "_numpyro_patch",
+            "_route",
+            "_sample_store",
+        },
     ),
     ("graph", {"_graph", "_samplers", "_pymc_model"}),
     ("entry", {"_entry", "_postprocess", "_options"}),
