@@ -147,7 +147,7 @@ def loo(
     def block(start: int) -> np.ndarray:
         label = f"Log-likelihood of {name!r} [{start}:{start + size}]"
         values, _ = evaluate(graph.block_function(start, size), arrays, options, label)
-        return np.asarray(values[0], dtype=np.float64)
+        return np.asarray(values[0])
 
     elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff)
     dims, coords = graph.dims_and_coords()
@@ -211,24 +211,23 @@ def _blocks(
             values = pending.result().reshape(n_samples, size * rest)
             if i + 1 < len(starts):
                 pending = pool.submit(_collected, block, starts[i + 1])
-            # (observations, draws): each observation's draws contiguous, as PSIS reads them.
-            np.copyto(workspace.log_likelihood, values.T)
-            del values
             offset = start * rest
-            for part, result in zip(parts, smoothing.map(_smoothed(workspace, reff), parts)):
+            smooth = _smoothed(values, workspace, reff)
+            for part, result in zip(parts, smoothing.map(smooth, parts)):
                 where = slice(offset + part.start, offset + part.stop)
                 elpd_i[where] = result.elpd_i
                 pareto_k[where] = result.pareto_k
                 lppd_i[where] = result.lppd_i
+            del values, smooth
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
 
 
-def _smoothed(workspace: Workspace, reff: float) -> Callable[[slice], Any]:
-    """PSIS of the block's observations at a slice, in their part of `workspace`."""
+def _smoothed(values: np.ndarray, workspace: Workspace, reff: float) -> Callable[[slice], Any]:
+    """PSIS of the block's observations at a slice: `values` is the engine's block,
+    `(draws, observations)`, read transposed by each part (no copy of the block)."""
 
     def smooth(rows: slice) -> Any:
-        part = workspace.rows(rows)
-        return psis_loo_block(part.log_likelihood, reff, part)
+        return psis_loo_block(values[:, rows].T, reff, workspace.rows(rows))
 
     return smooth
 
@@ -642,7 +641,7 @@ def numpyro_loo(
 
         label = f"Log-likelihood of {name!r} [{start}:{start + size}]"
         values, _ = evaluate(per_draw, draws, options, label)
-        return np.asarray(values[0], dtype=np.float64)
+        return np.asarray(values[0])
 
     elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff)
     dims = [f"{name}_dim_{i}" for i in range(len(shape))]

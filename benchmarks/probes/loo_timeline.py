@@ -19,9 +19,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20000)
     args = parser.parse_args()
-    from bench_loo import build
-
     import jax
+    from bench_loo import build
 
     import pymc_chunkpost
     from pymc_chunkpost import _loo
@@ -38,8 +37,14 @@ def main() -> None:
         def timed(*a, **k):
             tic = time.perf_counter()
             out = inner(*a, **k)
-            events.append((name, threading.current_thread().name, tic - origin[0],
-                           time.perf_counter() - origin[0]))
+            events.append(
+                (
+                    name,
+                    threading.current_thread().name,
+                    tic - origin[0],
+                    time.perf_counter() - origin[0],
+                )
+            )
             return out
 
         setattr(_loo, name, timed)
@@ -52,7 +57,8 @@ def main() -> None:
         pymc_chunkpost.loo(idata, model, progressbar=False)
         print(f"{phase}: {time.perf_counter() - origin[0]:.3f} s", flush=True)
         for e in sorted(events, key=lambda e: e[2]):
-            print("  %-16s %-14s %.3f %.3f (%.3f)" % (*e, e[3] - e[2]), flush=True)
+            name, thread, start, end = e
+            print(f"  {name:16} {thread:14} {start:.3f} {end:.3f} ({end - start:.3f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -40,13 +40,14 @@ def main() -> None:
         with ThreadPoolExecutor(n) as pool:
             for rep in range(3):
                 tic = time.perf_counter()
-                list(pool.map(lambda s: _psis.psis_loo_block(ll[s], 1.0, work.rows(s)), parts))
+                list(pool.map(lambda s, w=work: _psis.psis_loo_block(ll[s], 1.0, w.rows(s)), parts))
                 sec = time.perf_counter() - tic
-                print(f"parts={n} rep={rep}: {sec:.3f} s, {1e9 * sec / ll.size:.1f} ns/value",
-                      flush=True)
-    from bench_loo import build
-
+                print(
+                    f"parts={n} rep={rep}: {sec:.3f} s, {1e9 * sec / ll.size:.1f} ns/value",
+                    flush=True,
+                )
     import jax
+    from bench_loo import build
 
     jax.devices()
     model, idata = build(args.loo_rows)
