@@ -171,6 +171,23 @@ def test_hierarchical_equals_arviz(block_size):
     assert elpd_i.dims == ("obs",)
 
 
+def test_observed_data_of_unknown_shape_equals_arviz():
+    """Observed values in `pm.Data` have no static shape: the log-density's shape is
+    computed (pytensor), and the numbers are still ArviZ's."""
+    rng = np.random.default_rng(3)
+    n = 150
+    with pm.Model() as model:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1.0, observed=pm.Data("y_obs", rng.normal(size=n)))
+    assert model["y"].type.shape == (None,)  # the case under test
+    draws = {"mu": rng.normal(0, 0.1, (CHAINS, DRAWS))}
+    idata, reference = _reference(model, draws)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=40)
+    _assert_same(ours, reference)
+
+
 @pytest.mark.parametrize("var_name", ["rows", "cells"])
 def test_several_observed_and_multivariate(var_name):
     model, draws = multivariate()
