@@ -2,14 +2,17 @@
 
 The device computes the chunks exactly as for outputs in host memory (`_host_output`, the
 same compiled `TO_HOST` step); only the sink differs: a landed chunk is handed to one writer
-thread, which writes it into the store's arrays at its (chain, draw) region, while the device
-computes the next chunks.
+thread, which writes it into the store's arrays at its region, while the device computes the
+next chunks.
 
 Layout (xarray's Zarr encoding of a DataTree, as pymc's `ZarrTrace` writes it): a Zarr v3
 group per InferenceData group (`posterior`, `log_likelihood`, ...), in it one array per
 variable with `dimension_names` `("chain", "draw", <name>_dim_0, ...)` (or the route's own
-dims) and one array per coordinate. `xr.open_datatree(path, engine="zarr")` and
-`xr.open_zarr(path, group=...)` open it lazily.
+dims) and one array per coordinate. The leading sample dims are the route's: the engine's
+`(chains, draws)` by default; one, `("draw",)`, or more (`sample_dims`) where the route
+returns its outputs so (numpyro's `batch_ndims`). The engine's flat items, `(a * b)` of its
+`(a, b, ...)` draws, are the sample dims' items in C order.
+`xr.open_datatree(path, engine="zarr")` and `xr.open_zarr(path, group=...)` open it lazily.
 
 Invariants:
 
@@ -36,7 +39,7 @@ import queue
 import shutil
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ __all__ = [
     "DISK_CHUNK_BYTES",
     "chunk_draws",
     "QUEUE_CHUNKS",
+    "SAMPLE_DIMS",
     "DiskSink",
     "StoredOutputs",
     "add_coords",
@@ -59,6 +63,7 @@ __all__ = [
     "open_group",
     "open_outputs",
     "part_path",
+    "sample_dims",
     "set_attrs",
     "write_dataset",
 ]
@@ -78,6 +83,16 @@ MARKERS = "_chunkpost_written"
 #: The root attribute that describes the store: its format, the outputs, and `complete`.
 ATTRIBUTE = "chunkpost"
 FORMAT = 1
+#: The names of the last two sample dims (of one, `draw`'s alone; of more, `sample_dims`).
+SAMPLE_DIMS = ("chain", "draw")
+
+
+def sample_dims(n: int) -> tuple[str, ...]:
+    """The names of `n` leading sample dims: `("draw",)`, `("chain", "draw")`, and before
+    those `sample_dim_0`, ... for more."""
+    if n < 1:
+        raise ValueError(f"Outputs on disk need at least one sample dim, got {n}.")
+    return tuple(f"sample_dim_{i}" for i in range(n - 2)) + SAMPLE_DIMS[-n:]
 
 
 def chunk_draws(draws: int, per_draw_bytes: int, most: int | None = None) -> int:
@@ -97,13 +112,15 @@ def _zarr() -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Output:
-    """One output as stored: its group, name, shape `(chains, draws, ...)`, dtype and dims."""
+    """One output as stored: its group, name, shape (its `n_sample_dims` sample dims, then
+    one draw's), dtype and dims."""
 
     group: str
     name: str
     shape: tuple[int, ...]
     dtype: str
     dims: tuple[str, ...]
+    n_sample_dims: int = 2
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -112,7 +129,25 @@ class Output:
             "shape": list(self.shape),
             "dtype": self.dtype,
             "dims": list(self.dims),
+            "n_sample_dims": self.n_sample_dims,
         }
+
+    @classmethod
+    def described(cls, d: Mapping[str, Any]) -> Output:
+        """The output that `describe` gave `d` (two sample dims where it does not say)."""
+        return cls(
+            d["group"],
+            d["name"],
+            tuple(d["shape"]),
+            d["dtype"],
+            tuple(d["dims"]),
+            int(d.get("n_sample_dims", 2)),
+        )
+
+    @property
+    def n_items(self) -> int:
+        """The engine's flat items: the sample dims' product."""
+        return math.prod(self.shape[: self.n_sample_dims])
 
 
 def outputs_for(
@@ -121,21 +156,29 @@ def outputs_for(
     group: str = "posterior",
     dims: Mapping[str, Sequence[str]] | None = None,
     dtypes: Sequence[Any] | None = None,
+    sample_shape: Sequence[int] | None = None,
 ) -> list[Output]:
-    """The stored outputs for `specs` (shape and dtype each): named `names` (by default
-    `output_0`, ...), in `group`, with `dims[name]` after `("chain", "draw")` where given,
-    else `<name>_dim_<i>` (pymc's default names); stored as `dtypes` where given (the
-    route's own dtypes: each chunk is cast as it is written)."""
+    """The stored outputs for `specs` (the engine's shape `(a, b, ...)` and dtype each):
+    named `names` (by default `output_0`, ...), in `group`, with `dims[name]` after the
+    sample dims where given, else `<name>_dim_<i>` (pymc's default names); stored as
+    `dtypes` where given (the route's own dtypes: each chunk is cast as it is written).
+    `sample_shape`: the leading sample dims as stored (`sample_dims` names them), whose
+    items are the engine's `a * b` in C order; None: the engine's `(a, b)`."""
     names = [f"output_{j}" for j in range(len(specs))] if names is None else list(names)
     if len(names) != len(specs) or len(set(names)) != len(names):
         raise ValueError(f"Need one distinct name per output, got {names!r}.")
     outputs = []
     dtypes = [s.dtype for s in specs] if dtypes is None else list(dtypes)
     for name, spec, dtype in zip(names, specs, dtypes):
-        shape = tuple(int(s) for s in spec.shape)
+        engine = tuple(int(s) for s in spec.shape)
+        lead = engine[:2] if sample_shape is None else tuple(int(s) for s in sample_shape)
+        if math.prod(lead) != math.prod(engine[:2]):
+            raise ValueError(f"Sample shape {lead} for draws {engine[:2]} of {name!r}.")
+        shape = lead + engine[2:]
         own = list((dims or {}).get(name, ()))
-        own += [f"{name}_dim_{i}" for i in range(len(own), len(shape) - 2)]
-        outputs.append(Output(group, name, shape, np.dtype(dtype).str, ("chain", "draw", *own)))
+        own += [f"{name}_dim_{i}" for i in range(len(own), len(engine) - 2)]
+        sample = sample_dims(len(lead))
+        outputs.append(Output(group, name, shape, np.dtype(dtype).str, (*sample, *own), len(lead)))
     return outputs
 
 
@@ -183,8 +226,7 @@ def check_place(
                 + ". Pass another path, delete it, or pass `resume=True` to continue a store "
                 "of the same outputs. Nothing was run."
             )
-        expected = [o.describe() for o in outputs]
-        if described is None or described.get("outputs") != expected:
+        if described is None or _outputs_of(described) != list(outputs):
             raise ValueError(
                 f"`{name}={str(path)!r}` holds other outputs than this call's "
                 + ("(not a store of ours)" if described is None else "(other names or shapes)")
@@ -207,6 +249,10 @@ def check_place(
         )
 
 
+def _outputs_of(described: Mapping[str, Any]) -> list[Output]:
+    return [Output.described(d) for d in described.get("outputs", [])]
+
+
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -226,10 +272,11 @@ def create_or_resume(
         path: the store's folder.
         outputs: what it holds.
         resume: reopen a store of the same outputs (its written chunks are kept).
-        coords: coordinate values by dim name (beside `chain` and `draw`, which are
+        coords: coordinate values by dim name (beside the sample dims, which are
             `0..n-1`), written with the outputs.
-        draws_per_chunk: the run's chunk size: where it divides the draws, the Zarr chunks
-            hold that many draws of one chain, so that each chunk is written whole.
+        draws_per_chunk: the run's chunk size: where it divides the draws (the last sample
+            dim), the Zarr chunks hold that many draws of one chain, so that each chunk is
+            written whole.
     """
     zarr = _zarr()
     path = Path(os.fspath(path))
@@ -257,20 +304,23 @@ def create_or_resume(
 
 
 def _zarr_chunks(output: Output, draws_per_chunk: int | None) -> tuple[int, ...]:
-    """One chain, whole in the other dims, and the run's chunk of draws where it divides
-    the draws (each chunk written is then one Zarr chunk), else `chunk_draws`'s."""
-    draws = output.shape[1]
+    """One chain (one item of every sample dim before the last), whole in the draw's own
+    dims, and the run's chunk of draws where it divides the draws (each chunk written is
+    then one Zarr chunk), else `chunk_draws`'s."""
+    k = output.n_sample_dims
+    draws = output.shape[k - 1]
     if not draws_per_chunk or draws % draws_per_chunk:
-        per_draw = math.prod(output.shape[2:]) * np.dtype(output.dtype).itemsize
+        per_draw = math.prod(output.shape[k:]) * np.dtype(output.dtype).itemsize
         draws_per_chunk = chunk_draws(draws, per_draw)
-    return (1, max(1, min(draws, draws_per_chunk)), *output.shape[2:])
+    return (*(1,) * (k - 1), max(1, min(draws, draws_per_chunk)), *output.shape[k:])
 
 
 class DiskSink:
     """Where landed chunks go for outputs on disk: `write(start, stop, arrays)` queues the
-    flat items `[start, stop)` of every computed output (the `(chains * draws)` axis,
-    counted from `offset`) for the writer thread; `written(start, stop)` says whether a
-    whole earlier chunk covers them (a resumed run skips them)."""
+    flat items `[start, stop)` of every computed output (the engine's `(a * b)` axis, the
+    sample dims' items in C order, counted from `offset`) for the writer thread;
+    `written(start, stop)` says whether a whole earlier chunk covers them (a resumed run
+    skips them)."""
 
     def __init__(
         self,
@@ -284,8 +334,8 @@ class DiskSink:
     ) -> None:
         self.path, self.root, self.outputs, self.coords = path, root, outputs, coords
         self.arrays = [root[f"{o.group}/{o.name}"] for o in outputs]
-        self.files = [_ChunkFiles.of(a) for a in self.arrays]
-        self.draws = outputs[0].shape[1] if outputs else 1
+        self.files = [_ChunkFiles.of(a, o.n_sample_dims) for a, o in zip(self.arrays, outputs)]
+        self.draws = outputs[0].shape[outputs[0].n_sample_dims - 1] if outputs else 1
         self.offset = offset
         self.computed = list(range(len(outputs))) if computed is None else list(computed)
         self.done = _read_markers(path / MARKERS)
@@ -321,7 +371,7 @@ class DiskSink:
 
     def _write_now(self, start: int, stop: int, which: Sequence[int], arrays: list) -> None:
         for j, x in zip(which, arrays):
-            _write_items(self.arrays[j], self.draws, start, stop, x, self.files[j])
+            _write_items(self.arrays[j], self.outputs[j], start, stop, x, self.files[j])
         _mark(self.path / MARKERS, start, stop)  # after the data: the chunk is whole
 
     def finish(self, passed: Mapping[int, Any], chunk_items: int) -> list[Any]:
@@ -329,7 +379,7 @@ class DiskSink:
         its array, read `chunk_items` draws at a time) and the coordinates, then mark the
         store complete. Returns the stored arrays (Zarr arrays, read lazily)."""
         self.writer.close()
-        n = self.outputs[0].shape[0] * self.draws if self.outputs else 0
+        n = self.outputs[0].n_items if self.outputs else 0
         for j, x in passed.items():
             step = max(int(chunk_items), 1)
             for start in range(0, n, step):
@@ -337,7 +387,7 @@ class DiskSink:
                 flat = x.reshape((n,) + tuple(x.shape[2:]))
                 _write_items(
                     self.arrays[j],
-                    self.draws,
+                    self.outputs[j],
                     start,
                     stop,
                     np.asarray(flat[start:stop]),
@@ -435,22 +485,26 @@ def stored_arrays(path: Path, outputs: Sequence[Output]) -> list[Any]:
 
 def _write_items(
     array: Any,
-    draws: int,
+    output: Output,
     start: int,
     stop: int,
     x: np.ndarray,
     files: _ChunkFiles | None = None,
 ) -> None:
-    """Items `[start, stop)` of the flat `(chains * draws)` axis, one region per chain: a
-    region that is one whole Zarr chunk of an uncompressed array on a local disk is written
-    as that chunk's file (`_ChunkFiles`), any other through zarr."""
+    """Items `[start, stop)` of the flat sample axis, one region per chain (per item of the
+    sample dims before the last, the draws): a region that is one whole Zarr chunk of an
+    uncompressed array on a local disk is written as that chunk's file (`_ChunkFiles`),
+    any other through zarr."""
+    chains = output.shape[: output.n_sample_dims - 1]
+    draws = output.shape[output.n_sample_dims - 1]
     item = start
     while item < stop:
-        chain, draw = divmod(item, draws)
-        end = min(stop, (chain + 1) * draws)
+        row, draw = divmod(item, draws)
+        chain = tuple(int(i) for i in np.unravel_index(row, chains))
+        end = min(stop, (row + 1) * draws)
         part = x[item - start : end - start]
         if files is None or not files.write(chain, draw, end - item, part):
-            array[chain, draw : draw + end - item] = part
+            array[(*chain, slice(draw, draw + end - item))] = part
         item = end
 
 
@@ -468,32 +522,34 @@ class _ChunkFiles:
     dtype: np.dtype
 
     @classmethod
-    def of(cls, array: Any) -> _ChunkFiles | None:
+    def of(cls, array: Any, n_sample_dims: int = 2) -> _ChunkFiles | None:
         """The array's chunk files, or None where they are not so simple (a codec, another
         store, chunks that split a chain's draw of values)."""
         zarr = _zarr()
+        k = n_sample_dims
         try:
             plain = (
                 isinstance(array.store, zarr.storage.LocalStore)
                 and not array.compressors
                 and not array.filters
                 and type(array.serializer).__name__ == "BytesCodec"
-                and array.chunks[0] == 1
-                and tuple(array.chunks[2:]) == tuple(array.shape[2:])
+                and all(c == 1 for c in array.chunks[: k - 1])
+                and tuple(array.chunks[k:]) == tuple(array.shape[k:])
             )
             dtype = np.dtype(array.dtype).newbyteorder("<")
         except (AttributeError, TypeError):  # another zarr's API: zarr writes every chunk
             return None
         if not plain:
             return None
-        return cls(Path(array.store.root) / array.path, array, int(array.chunks[1]), dtype)
+        return cls(Path(array.store.root) / array.path, array, int(array.chunks[k - 1]), dtype)
 
-    def write(self, chain: int, draw: int, count: int, values: np.ndarray) -> bool:
-        """Write draws `[draw, draw + count)` of `chain` if they are one whole chunk."""
+    def write(self, chain: tuple[int, ...], draw: int, count: int, values: np.ndarray) -> bool:
+        """Write draws `[draw, draw + count)` of `chain` (its index in the sample dims
+        before the last) if they are one whole chunk."""
         if draw % self.draws_per_chunk or count != self.draws_per_chunk:
             return False
         key = self.array.metadata.encode_chunk_key(
-            (chain, draw // count) + (0,) * (values.ndim - 1)
+            (*chain, draw // count) + (0,) * (values.ndim - 1)
         )
         target = self.folder / key
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -504,24 +560,30 @@ class _ChunkFiles:
 
 
 def _write_coords(root: Any, outputs: Sequence[Output], coords: Mapping[str, Any]) -> None:
-    """The given coordinates (`chain` and `draw` by default `0..n-1`), in every group, as
+    """The given coordinates (the sample dims by default `0..n-1`), in every group, as
     xarray writes an index coordinate: an array named as its dim."""
     for group_name in dict.fromkeys(o.group for o in outputs):
         sizes: dict[str, int] = {}
         for o in outputs:
             if o.group == group_name:
                 sizes.update(zip(o.dims, o.shape))
-        _write_group_coords(root[group_name], sizes, coords)
+        sample = {d for o in outputs for d in o.dims[: o.n_sample_dims]}
+        _write_group_coords(root[group_name], sizes, coords, sample)
 
 
-def _write_group_coords(group: Any, sizes: Mapping[str, int], coords: Mapping[str, Any]) -> None:
-    """The coordinates of the dims `sizes` that `group` lacks, from `coords` (`chain` and
-    `draw` by default `0..n-1`)."""
+def _write_group_coords(
+    group: Any,
+    sizes: Mapping[str, int],
+    coords: Mapping[str, Any],
+    sample: Collection[str] = SAMPLE_DIMS,
+) -> None:
+    """The coordinates of the dims `sizes` that `group` lacks, from `coords` (the `sample`
+    dims by default `0..n-1`)."""
     for dim, size in sizes.items():
         if dim in group:
             continue
         values = coords.get(dim)
-        if values is None and dim in ("chain", "draw"):
+        if values is None and dim in sample:
             values = np.arange(size)
         if values is None or np.shape(values) != (size,):
             continue
@@ -594,9 +656,10 @@ class StoredOutputs:
             half-way never reads back as complete.
         arrays: every output's Zarr array (read lazily, slice by slice), keyed by
             `"group/name"`.
-        items_written: for an incomplete store, the flat `(chains * draws)` items written
-            whole (what `resume=True` keeps); all of them for a complete one.
-        n_items: `chains * draws`.
+        items_written: for an incomplete store, the draws written whole (items of the
+            sample dims, flat: what `resume=True` keeps); all of them for a complete one.
+        n_items: the draws: the product of the sample dims (`chains * draws`; numpyro's
+            `num_samples` with one sample dim).
     """
 
     path: Path
@@ -631,12 +694,9 @@ def open_outputs(path: str | os.PathLike, *, require_complete: bool = False) -> 
     described = _read_description(path) if path.is_dir() else None
     if described is None:
         raise ValueError(f"{str(path)!r} holds no outputs written by pymc_chunkpost.")
-    outputs = [
-        Output(d["group"], d["name"], tuple(d["shape"]), d["dtype"], tuple(d["dims"]))
-        for d in described["outputs"]
-    ]
+    outputs = _outputs_of(described)
     complete = bool(described.get("complete"))
-    n_items = outputs[0].shape[0] * outputs[0].shape[1] if outputs else 0
+    n_items = outputs[0].n_items if outputs else 0
     if complete:
         written = n_items
     else:

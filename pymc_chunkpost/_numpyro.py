@@ -28,7 +28,12 @@ What cannot be honoured runs numpyro's own function, with a one-line note throug
 (`_fallback`): `infer_discrete=True` (numpyro enumerates discrete sites with funsor, after a
 prototype trace), a guide with batched `params` (numpyro vmaps over them), a single draw
 (numpyro computes it op by op, as its `parallel=True` computes every draw) and
-`log_likelihood` without posterior draws.
+`log_likelihood` without posterior draws. Those hold their outputs in memory, so
+`output_memory="disk"` refuses them before any work.
+
+With `output_memory="disk"` (or "auto" with an output path) the outputs go into a Zarr store
+(`_disk_output`) whose arrays have numpyro's shapes, `batch_shape + site shape`, and are
+returned as numpyro's dict of them (`_store_layout`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import functools
 import hashlib
 import logging
 import math
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -53,9 +59,10 @@ from numpyro import handlers
 from numpyro.infer.util import Predictive as _NumpyroPredictive
 from numpyro.infer.util import log_likelihood as _numpyro_log_likelihood
 
-from . import _postprocess
+from . import _postprocess, _route
 from ._cache import FunctionCache
 from ._compat import split_key_at, splits_key_at
+from ._disk_output import sample_dims
 from ._messages import warn
 from ._options import check_options
 from ._types import Plan
@@ -86,19 +93,26 @@ class _Options:
     output_memory: str = "auto"
     progressbar: bool = False
     exact: bool = True
+    output_path: str | os.PathLike | None = None
+    resume: bool = False
+
+    @classmethod
+    def of(cls, arguments: dict[str, Any]) -> _Options:
+        """The options among a call's `arguments` (its `locals()`), checked."""
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
 
     def __post_init__(self) -> None:
-        if self.output_memory == "disk":
-            raise ValueError(
-                "`output_memory='disk'`: NumPyro's routes do not write to disk yet. Pass "
-                "'device', 'host' (host memory, chunk by chunk) or 'auto'."
-            )
+        # `configure_memory`'s default path where none is given, resolved once, here, as
+        # every route resolves it.
+        object.__setattr__(self, "output_path", _route.output_path(self.output_path))
         check_options(
             self.postprocessing_vectorize,
             self.chunk_size,
             None,
             self.memory_budget,
             self.output_memory,
+            output_path=self.output_path,
+            resume=self.resume,
         )
         if not isinstance(self.progressbar, bool):
             raise ValueError(f"`progressbar` must be True or False, got {self.progressbar!r}.")
@@ -146,7 +160,25 @@ class Predictive:
         memory_budget: bytes the outputs and temporaries may take; default the free memory.
             The outputs themselves are the floor.
         output_memory: "device", "host" (outputs streamed to host memory chunk by chunk, as
-            numpy arrays: for outputs larger than an accelerator) or "auto".
+            numpy arrays: for outputs larger than an accelerator), "disk" or "auto" (on the
+            device where the outputs fit, else host memory on an accelerator, else disk
+            where an output path is set). "disk": each chunk lands in host memory and a
+            writer thread writes it into a Zarr store at `output_path` while the device
+            computes the next (host memory holds a few chunks of at most 64 MiB, never the
+            outputs; costs the disk's write time, overlapped); the sites are returned as
+            read-only `zarr.Array`s of numpyro's shapes, read slice by slice. Needs zarr
+            (`pip install "pymc-chunkpost[disk]"`).
+        output_path: the store's folder for "disk" (and "auto"), empty or absent unless
+            `resume`; default `configure_memory(output_path=...)`'s, read when the
+            `Predictive` is made. Its group `posterior_predictive` (`prior_predictive`
+            without posterior draws or guide) holds one array per site (a site holding a
+            pytree: one per leaf, named `site['key']`), with dims `("draw", ...)` for
+            `batch_ndims=1`, `("chain", "draw", ...)` for 2;
+            `pymc_chunkpost.open_outputs(path)` and `xarray.open_datatree(path,
+            engine="zarr")` reopen it.
+        resume: continue the store at `output_path` that a call with the same arguments and
+            key did not finish: the chunks written whole are kept, the others computed, the
+            same values as a call never interrupted. A complete store is returned as it is.
         progressbar: a tqdm bar over chunks (one host round trip per chunk).
         exact: True (default): each draw is computed by a program of one draw, as numpyro's
             loop computes it: numpyro's numbers bit for bit. A step costs about 2 us per
@@ -160,7 +192,9 @@ class Predictive:
             ran).
 
     Raises:
-        ValueError: bad arguments, before any work.
+        ValueError: bad arguments, before any work: among them "disk" asked of a call that
+            runs numpyro's own function (`infer_discrete`, a guide with batched `params`,
+            one draw).
     """
 
     def __init__(
@@ -183,10 +217,10 @@ class Predictive:
         output_memory: str = "auto",
         progressbar: bool = False,
         exact: bool = True,
+        output_path: str | os.PathLike | None = None,
+        resume: bool = False,
     ) -> None:
-        self.options = _Options(
-            postprocessing_vectorize, chunk_size, memory_budget, output_memory, progressbar, exact
-        )
+        self.options = _Options.of(locals())
         _check_callable(model, "model")
         if guide is not None:
             _check_callable(guide, "guide")
@@ -225,6 +259,7 @@ class Predictive:
         self.parallel = parallel
         self.batch_ndims = batch_ndims
         self.plan: Plan | None = None
+        _refuse_disk(self.options, self._fallback_reason())
 
     @property
     def exclude_deterministic(self) -> bool:
@@ -244,11 +279,14 @@ class Predictive:
             **kwargs: the model's keyword arguments.
 
         Returns:
-            Site name to draws of shape `batch_shape + site shape` (`jax.Array`s, or numpy
-            arrays with the outputs in host memory).
+            Site name to draws of shape `batch_shape + site shape` (`jax.Array`s, numpy
+            arrays with the outputs in host memory, or read-only `zarr.Array`s backed by the
+            store on disk).
 
         Raises:
-            ValueError: a bad `rng_key`, before any work.
+            ValueError: a bad `rng_key`, or a store at `output_path` that cannot take the
+                outputs (not empty unless `resume`, read-only, too little room), before any
+                work.
         """
         _check_key(rng_key)
         self.plan = None
@@ -273,6 +311,7 @@ class Predictive:
             kwargs,
             self.options,
             owner=self.model,
+            group="posterior_predictive" if posterior else "prior_predictive",
         )
         return result
 
@@ -334,6 +373,8 @@ def log_likelihood(
     output_memory: str = "auto",
     progressbar: bool = False,
     exact: bool = True,
+    output_path: str | os.PathLike | None = None,
+    resume: bool = False,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """numpyro's `log_likelihood`: the log density of every observed site at every draw.
@@ -358,6 +399,8 @@ def log_likelihood(
         output_memory: as for `Predictive`.
         progressbar: as for `Predictive`.
         exact: as for `Predictive`.
+        output_path: as for `Predictive`; the store's group is `log_likelihood`.
+        resume: as for `Predictive`.
         **kwargs: the model's keyword arguments.
 
     Returns:
@@ -366,16 +409,16 @@ def log_likelihood(
     Raises:
         ValueError: bad arguments, before any work.
     """
-    options = _Options(
-        postprocessing_vectorize, chunk_size, memory_budget, output_memory, progressbar, exact
-    )
+    options = _Options.of(locals())
     _check_callable(model, "model")
     _check_batch_ndims(batch_ndims)
     batch_shape = _batch_shape(posterior_samples, batch_ndims)
     if batch_shape is None or math.prod(batch_shape) == 1:
+        reason = "no posterior draws" if batch_shape is None else _ONE_DRAW
+        _refuse_disk(options, reason)
         return _fallback(
             "log_likelihood",
-            "no posterior draws" if batch_shape is None else _ONE_DRAW,
+            reason,
             lambda: _numpyro_log_likelihood(
                 model,
                 posterior_samples,
@@ -392,7 +435,9 @@ def log_likelihood(
         samples = jax.tree_util.tree_unflatten(tree, values)
         return _log_likelihood_draw(model, samples, args, kwargs)
 
-    return _map(model, per_draw, draws, batch_shape, options, "Log-likelihood")[0]
+    return _map(
+        model, per_draw, draws, batch_shape, options, "Log-likelihood", group="log_likelihood"
+    )[0]
 
 
 def _predict(
@@ -407,9 +452,11 @@ def _predict(
     options: _Options,
     *,
     owner: Callable,
+    group: str | None = None,
 ) -> tuple[dict[str, Any], Plan | None]:
     """numpyro's `_predictive`: `posterior` (or no draws: the prior) through `model`, each
-    draw with numpyro's key for it, over `batch_shape`. `owner` keys the cache."""
+    draw with numpyro's key for it, over `batch_shape`. `owner` keys the cache; `group`:
+    the store's group where the outputs may go to disk (None: never on disk)."""
     leaves, tree = jax.tree_util.tree_flatten(posterior)
     draws = [_as_chains_draws(x, batch_shape) for x in leaves]
     key_data = jnp.asarray(jax.random.key_data(rng_key) if _is_key(rng_key) else rng_key)
@@ -431,7 +478,7 @@ def _predict(
         )
 
     seed = key_data if per_draw_key else None
-    return _map(owner, per_draw, [*draws, keys], batch_shape, options, "Predictive", seed)
+    return _map(owner, per_draw, [*draws, keys], batch_shape, options, "Predictive", seed, group)
 
 
 # --- one draw, as numpyro computes it ------------------------------------------------------
@@ -658,6 +705,17 @@ def _predictive_batch(
     return (1,) * (batch_ndims - 1) + (num_samples,), num_samples
 
 
+def _refuse_disk(options: _Options, reason: str | None) -> None:
+    """Raise `ValueError` where "disk" is asked of a call that runs numpyro's own function
+    (`reason`), which holds its outputs in memory."""
+    if reason is not None and options.output_memory == "disk":
+        raise ValueError(
+            f"`output_memory='disk'` cannot be honoured here: {reason}, so numpyro's own "
+            "function runs, with its outputs in memory. Pass another `output_memory`. "
+            "Nothing was run."
+        )
+
+
 def _fallback(what: str, reason: str, call: Callable[[], Any]) -> Any:
     """numpyro's own function, for what the engine cannot honour, with a one-line note."""
     logger.info("pymc_chunkpost: %s runs numpyro's own (%s).", what, reason)
@@ -678,6 +736,7 @@ class _Traced:
             a dict, a flow guide's `$params`).
         used: indices of the inputs the program reads (at least one: the engine maps inputs).
         forwarded: per output leaf, whether it is an input passed through.
+        out_specs: per output leaf, one draw's shape and dtype.
         key_at: where `jax_fn` takes each draw's index, from which it derives the draw's key
             (its last input is then the seed's key data); None: no key to derive.
     """
@@ -686,6 +745,7 @@ class _Traced:
     out_tree: Any
     used: tuple[int, ...]
     forwarded: tuple[bool, ...]
+    out_specs: tuple[jax.ShapeDtypeStruct, ...]
     key_at: int | None = None
 
 
@@ -697,11 +757,14 @@ def _map(
     options: _Options,
     label: str,
     seed: jax.Array | None = None,
+    group: str | None = None,
 ) -> tuple[dict[str, Any], Plan | None]:
     """`per_draw` (one draw's inputs to a dict of outputs) over `inputs`, each of shape
     `(chains, draws, ...)`; the outputs shaped `batch_shape + ...`; `label` names the
     progress bar. With a `seed` (a threefry key's data), the last input is each draw's index
-    and `per_draw` takes the draw's key there: key `index` of the seed's split."""
+    and `per_draw` takes the draw's key there: key `index` of the seed's split. `group`: the
+    store's group, where the options put the outputs on disk (None: never on disk; they are
+    then the store's arrays, already of numpyro's shapes)."""
     specs = [
         jax.ShapeDtypeStruct(tuple(x.shape[2:]), jax.dtypes.canonicalize_dtype(x.dtype))
         for x in inputs
@@ -719,6 +782,7 @@ def _map(
         _place_like(np.broadcast_to(np.asarray(c), lead + np.shape(c)), inputs[0])
         for c in constants
     ]
+    output_memory, store = _store_layout(traced, batch_shape, options, group)
     outputs, plan = _postprocess.run(
         traced.jax_fn,
         [inputs[i] for i in traced.used] + per_draw_small,
@@ -728,12 +792,73 @@ def _map(
         chunk_size=options.chunk_size,
         memory_budget=options.memory_budget,
         progressbar=options.progressbar,
-        output_memory=options.output_memory,
+        output_memory=output_memory,
+        output_path=None if store is None else options.output_path,
+        resume=options.resume,
+        store=store,
         progress_label=label,
         one_draw_programs=options.exact,
     )
-    leaves = [_unbatch(y, batch_shape, f) for y, f in zip(outputs, traced.forwarded)]
+    if plan.output_memory == "disk":  # the store's arrays, of numpyro's shapes
+        leaves = list(outputs)
+    else:
+        leaves = [_unbatch(y, batch_shape, f) for y, f in zip(outputs, traced.forwarded)]
     return jax.tree_util.tree_unflatten(traced.out_tree, leaves), plan
+
+
+def _store_layout(
+    traced: _Traced, batch_shape: tuple[int, ...], options: _Options, group: str | None
+) -> tuple[str, _postprocess.StoreLayout | None]:
+    """The engine's `output_memory`, and the store's layout where the outputs may go to disk
+    ("disk", or "auto" with an output path, of a call with a `group`): in `group`, each site
+    an array of numpyro's shape `batch_shape + site shape`, named as the site (a leaf of a
+    site's pytree: `site['key']`, `jax.tree_util.keystr`'s path), its sample dims named by
+    `_disk_output.sample_dims` (`draw`; `chain`, `draw`; ...).
+
+    Raises:
+        ValueError: "disk" asked of outputs that a store cannot hold (PRNG keys, a name
+            that Zarr reads as a path or that is a sample dim's), before any work.
+    """
+    where = options.output_memory
+    if group is None or options.output_path is None or where not in ("auto", "disk"):
+        return ("auto" if where == "disk" else where), None  # a guide's draws: in memory
+    leaves = jax.tree_util.tree_flatten_with_path(
+        jax.tree_util.tree_unflatten(traced.out_tree, range(traced.out_tree.num_leaves))
+    )[0]
+    names = [_site_name(path) for path, _ in leaves]
+    reason = next(
+        (
+            why
+            for name, spec in zip(names, traced.out_specs)
+            if (why := _unstorable(name, spec, len(batch_shape))) is not None
+        ),
+        None,
+    )
+    if reason is None:
+        return where, _postprocess.StoreLayout(names, group, sample_shape=batch_shape)
+    if where == "auto":  # "auto" keeps what a store cannot hold in memory
+        return where, None
+    raise ValueError(
+        f"`output_memory='disk'` cannot store these sites: {reason}. Leave them out of "
+        "`return_sites`, or pass another `output_memory`. Nothing was run."
+    )
+
+
+def _site_name(path: tuple) -> str:
+    """A site's name in the store: its own, and a pytree leaf's path after it."""
+    first, *rest = path
+    return str(getattr(first, "key", first)) + jax.tree_util.keystr(tuple(rest))
+
+
+def _unstorable(name: str, spec: Any, n_sample_dims: int) -> str | None:
+    """Why the store cannot hold the output `name` of one draw's `spec`, or None."""
+    if _is_key(spec):
+        return f"{name!r} holds PRNG keys, which a Zarr array cannot hold"
+    if "/" in name or name.startswith("__") or name in (".", ".."):
+        return f"Zarr would read the name {name!r} as a path (or reserve it)"
+    if name in sample_dims(n_sample_dims):
+        return f"{name!r} is the name of a sample dim's coordinate in the store"
+    return None
 
 
 def _trace(
@@ -781,7 +906,8 @@ def _trace(
             jax_fn = _one_draw_at_a_time(jax_fn, len(small))
         if key_at is not None:
             jax_fn = _keys_from_indices(jax_fn, key_at)
-        traced = _Traced(jax_fn, out_tree, used, forwarded, key_at)
+        out_specs = tuple(jax.tree_util.tree_leaves(out_shape))
+        traced = _Traced(jax_fn, out_tree, used, forwarded, out_specs, key_at)
         _FUNCTIONS.put(owner, key, traced)
     return traced, [consts[i] for i in small]
 

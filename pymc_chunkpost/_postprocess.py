@@ -365,10 +365,14 @@ class StoreLayout:
     Attributes:
         names: one name per output (None: `output_0`, ...).
         group: the store's group (an InferenceData group: `posterior`, `log_likelihood`).
-        dims: each output's dims after `("chain", "draw")`, by name (the rest
+        dims: each output's dims after the sample dims, by name (the rest
             `<name>_dim_<i>`).
-        coords: coordinate values by dim name (`chain` and `draw` default to `0..n-1`).
+        coords: coordinate values by dim name (the sample dims default to `0..n-1`).
         dtypes: each output's dtype in the store (None: the computed ones).
+        sample_shape: the outputs' leading sample dims as the route returns them, whose
+            items are the draws' `(a * b)` in C order (numpyro's batch shape: `(n,)`, or
+            `(a, b)`); None: the draws' `(chains, draws)`. `_disk_output.sample_dims`
+            names them (`draw`; `chain`, `draw`; ...).
     """
 
     names: Sequence[str] | None = None
@@ -376,6 +380,7 @@ class StoreLayout:
     dims: Mapping[str, Sequence[str]] | None = None
     coords: Mapping[str, Any] | None = None
     dtypes: Sequence[Any] | None = None
+    sample_shape: Sequence[int] | None = None
 
 
 def _execute(
@@ -420,7 +425,12 @@ class _DiskTarget:
             return None
         layout = store or StoreLayout()
         stored = _disk_output.outputs_for(
-            problem.out_specs, layout.names, layout.group, layout.dims, layout.dtypes
+            problem.out_specs,
+            layout.names,
+            layout.group,
+            layout.dims,
+            layout.dtypes,
+            layout.sample_shape,
         )
         target = cls(Path(os.fspath(output_path)), stored, resume, layout.coords, False)
         if output_memory == "disk":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from pymc.sampling.jax import _postprocess_samples as pymc_postprocess
 
-from pymc_chunkpost import _executor, _problem
+from pymc_chunkpost import _disk_output, _executor, _problem
 from pymc_chunkpost._program import Request
 from pymc_chunkpost._types import Loop
 
@@ -107,3 +108,37 @@ def run_script(path, *args, timeout=600) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, str(ROOT / path), *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+class Stop(Exception):
+    """The failure `fail_after` injects."""
+
+
+def fail_after(monkeypatch, n_writes):
+    """Make the disk tier's writer fail with `Stop` at its `n_writes + 1`-th region write
+    (a chunk writes one region per computed output). Returns the count of writes so far."""
+    write = _disk_output._write_items
+    count = [0]
+
+    def failing(*args):
+        count[0] += 1
+        if count[0] > n_writes:
+            raise Stop("injected")
+        return write(*args)
+
+    monkeypatch.setattr(_disk_output, "_write_items", failing)
+    return count
+
+
+@contextlib.contextmanager
+def read_only(folder, monkeypatch):
+    """`folder`, made, read-only for the body of a `with` block (root may write anywhere:
+    for root, the disk tier's check is shown what a user sees)."""
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.geteuid() == 0:
+        monkeypatch.setattr(_disk_output.os, "access", lambda path, mode: False)
+    try:
+        yield folder
+    finally:
+        folder.chmod(0o700)

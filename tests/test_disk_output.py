@@ -11,7 +11,16 @@ import jax.numpy as jnp
 import models
 import numpy as np
 import pytest
-from helpers import ROOT, assert_intact, assert_same, problem_of, reference
+from helpers import (
+    ROOT,
+    Stop,
+    assert_intact,
+    assert_same,
+    fail_after,
+    problem_of,
+    read_only,
+    reference,
+)
 
 import pymc_chunkpost as pc
 from pymc_chunkpost import _disk_output, _postprocess, _resources
@@ -104,32 +113,12 @@ def test_open_outputs_reports_a_complete_store(tmp_path):
         pc.open_outputs(tmp_path)
 
 
-class Stop(Exception):
-    pass
-
-
-def _fail_after(monkeypatch, n_writes):
-    """Make the writer fail at its `n_writes + 1`-th region write (mid-chunk: a chunk
-    writes two computed outputs)."""
-    write = _disk_output._write_items
-    count = [0]
-
-    def failing(*args):
-        count[0] += 1
-        if count[0] > n_writes:
-            raise Stop("injected")
-        return write(*args)
-
-    monkeypatch.setattr(_disk_output, "_write_items", failing)
-    return count
-
-
 def test_a_failed_run_is_incomplete_and_resume_finishes_it(tmp_path, monkeypatch):
     raw = draws()
     copies = [x.copy() for x in raw]
     expected = in_memory(raw)
     path = tmp_path / "store"
-    _fail_after(monkeypatch, 2 * 4 + 1)  # four chunks whole, the fifth half written
+    fail_after(monkeypatch, 2 * 4 + 1)  # four chunks whole, the fifth half written
     with pytest.raises(Stop):
         pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path, chunk_size=10)
     stored = pc.open_outputs(path)
@@ -139,7 +128,7 @@ def test_a_failed_run_is_incomplete_and_resume_finishes_it(tmp_path, monkeypatch
     monkeypatch.undo()
     with pytest.raises(ValueError, match="not empty.*resume=True"):
         pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path)
-    writes = _fail_after(monkeypatch, 10**6)
+    writes = fail_after(monkeypatch, 10**6)
     outputs = pc.postprocess_samples(
         per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True
     )
@@ -254,18 +243,11 @@ def test_options_are_checked_before_any_work(tmp_path, monkeypatch):
 
 
 def test_a_read_only_place_is_refused(tmp_path, monkeypatch):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    if os.geteuid() == 0:  # root may write anywhere: the check is shown what a user sees
-        monkeypatch.setattr(_disk_output.os, "access", lambda path, mode: False)
-    try:
+    with read_only(tmp_path / "locked", monkeypatch) as locked:
         with pytest.raises(ValueError, match="cannot be written.*read-only"):
             pc.postprocess_samples(
                 per_draw, draws(2, 10), output_memory="disk", output_path=locked / "store"
             )
-    finally:
-        locked.chmod(0o700)
     assert not (locked / "store").exists()
 
 
@@ -477,7 +459,7 @@ def test_auto_on_an_accelerator_goes_to_disk_past_host_memory(wide, monkeypatch)
 def test_donated_draws_survive_a_failed_write(tmp_path, monkeypatch, n_writes):
     raw = [jnp.asarray(x) for x in draws(2, 25)]
     copies = [np.asarray(x).copy() for x in raw]
-    _fail_after(monkeypatch, n_writes)
+    fail_after(monkeypatch, n_writes)
     with pytest.raises(Stop):
         pc.postprocess_samples(
             per_draw,

@@ -385,7 +385,7 @@ def test_outputs_are_reshaped_without_a_copy(posteriors):
         ({"chunk_size": 0}, "`chunk_size` must be a positive int"),
         ({"postprocessing_vectorize": "fast"}, "Unknown `postprocessing_vectorize='fast'`"),
         ({"memory_budget": -1}, "`memory_budget` must be a positive number"),
-        ({"output_memory": "disk"}, "NumPyro's routes do not write to disk yet"),
+        ({"output_memory": "disk"}, "needs `output_path`"),
         ({"output_memory": "tape"}, "`output_memory` must be one of"),
         ({"progressbar": "yes"}, "`progressbar` must be True or False"),
         ({"batch_ndims": -1}, "`batch_ndims` must be a non-negative int"),
