@@ -11,10 +11,12 @@ pymc's own with its default backend, then the installed ArviZ's `loo`: `arviz.lo
 posterior are built, the garbage collected, `VmHWM` reset (`echo 5 > /proc/self/clear_refs`),
 and the one call timed cold (graph building, compiling, running); the record keeps its
 seconds, its CPU seconds (all threads; less sensitive than wall time to other processes on
-a shared machine) and its peak RSS above the RSS before the call. `--methods ours` runs ours alone
-(for sizes whose matrix does not fit the machine); `--check-subset K` then compares ours at K
-random observations with ArviZ's `loo` on their log-likelihood alone (the model of those
-observations, same posterior), recording the largest differences of elpd_i and k.
+a shared machine) and its peak RSS above the RSS before the call. Each cell gets a fresh
+cache folder (`PYMC_CHUNKPOST_CACHE_DIR`): no executable an earlier cell stored is loaded.
+`--methods ours` runs ours alone (for sizes whose matrix does not fit the machine);
+`--check-subset K` then compares ours at K random observations with ArviZ's `loo` on their
+log-likelihood alone (the model of those observations, same posterior), recording the
+largest differences of elpd_i and k.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -193,7 +196,13 @@ def main() -> None:
     cells = []
     for rows in args.rows:
         for method in args.methods:
-            cell = run_child(__file__, ["--child", str(rows), method, str(args.check_subset)])
+            # A fresh cache folder per cell: cold is a first process, no executable stored.
+            with tempfile.TemporaryDirectory(prefix="bench_loo_cache_") as cache:
+                cell = run_child(
+                    __file__,
+                    ["--child", str(rows), method, str(args.check_subset)],
+                    env={"PYMC_CHUNKPOST_CACHE_DIR": cache},
+                )
             print(json.dumps(cell), flush=True)
             cells.append(cell)
     record = {
@@ -221,8 +230,8 @@ def main() -> None:
     record["header"] = (
         f"Python {platform.python_version()}, pymc {pymc.__version__}, jax {jax.__version__}, "
         f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; hierarchical regression, "
-        f"{CHAINS} x {DRAWS} draws; each cell cold in a fresh process. Ours: "
-        "`pymc_chunkpost.loo`; anchor: `pm.compute_log_likelihood` + ArviZ's `loo`."
+        f"{CHAINS} x {DRAWS} draws; each cell cold in a fresh process with a fresh cache "
+        "folder. Ours: `pymc_chunkpost.loo`; anchor: `pm.compute_log_likelihood` + ArviZ's `loo`."
     )
     record["table"] = table(cells)
     if args.json is not None:
