@@ -55,9 +55,13 @@ def patch(**options: Any) -> None:
     Args:
         **options: our options for every routed call, as `Predictive` takes them:
             `postprocessing_vectorize`, `chunk_size`, `memory_budget`, `output_memory`,
-            `progressbar`, `exact`. A call that passes one itself overrides it, so a model
-            keyword argument of one of these names is taken as the option (ArviZ passes the
-            model's keywords through). Calling `patch` again replaces the options.
+            `output_path`, `resume`, `progressbar`, `exact`. A call that passes one itself
+            overrides it, so a model keyword argument of one of these names is taken as the
+            option (ArviZ passes the model's keywords through). Calling `patch` again
+            replaces the options. A path given here is every routed call's: with
+            `output_memory="disk"` the first call's store fills it, and a second call there
+            is refused before any work (the folder holds other outputs); pass `output_path`
+            per call, or `patch` again, for each store.
 
     Raises:
         ValueError: an unknown or bad option, before anything is patched.

@@ -328,3 +328,26 @@ def test_sites_a_store_cannot_name_are_refused_on_disk_and_kept_in_memory_by_aut
     theirs = NumpyroPredictive(model, num_samples=6)(KEY)
     assert_identical(ours, theirs)
     assert not path.exists()
+
+
+def test_a_patch_path_takes_one_store_and_a_call_overrides_it(posteriors, tmp_path):
+    """`patch(output_memory="disk", output_path=...)`: the first routed call's store fills
+    the path, a second call there is refused before any work, and a call's own path wins."""
+    from pymc_chunkpost.numpyro import patched
+
+    model, args = MODELS["hierarchical"]
+    draws = posteriors("hierarchical")[0]
+    theirs = NumpyroPredictive(model, draws)(KEY, *args)
+    first, second = tmp_path / "first", tmp_path / "second"
+    with patched(output_memory="disk", output_path=first, chunk_size=5):
+        routed = numpyro.infer.Predictive
+        ours = routed(model, draws)(KEY, *args)
+        assert_identical(ours, theirs)
+        assert pc.open_outputs(first).complete
+        written = sorted(p.relative_to(first) for p in first.rglob("*"))
+        with pytest.raises(ValueError, match="is not empty"):
+            routed(model, draws)(KEY, *args)
+        assert sorted(p.relative_to(first) for p in first.rglob("*")) == written
+        again = routed(model, draws, output_path=second)(KEY, *args)
+        assert_identical(again, theirs)
+        assert pc.open_outputs(second).complete
