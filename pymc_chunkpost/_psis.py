@@ -6,9 +6,11 @@ ArviZ smooths one observation at a time in a Python loop (`arviz.stats.psislw` o
 numpy: the tail found by `argpartition` (O(draws)) instead of a full sort, the generalized
 Pareto fit of every observation at once. The smoothing is the installed ArviZ's, operation
 for operation (the same reductions over the same contiguous rows). Its two sums over every
-draw are rewritten where the block allows: `lppd_i` is reduced from the shifted weights
-(the log-likelihood is read once, transposed from the engine's block as it is), and
-`elpd_i` from the tail alone (off the tail, weight plus log-likelihood is the row's shift).
+draw are rewritten where the block allows: `lppd_i` is reduced from the negated block
+(the block is read once, transposed from the engine's layout as it is), and
+`elpd_i` from the tail alone (off the tail, weight plus log-likelihood is the row's shift);
+a row with an infinite value, or one ArviZ's vectorised form cannot take, goes to ArviZ's
+own per-observation function, which reads it again.
 The results equal ArviZ's to rounding; `tests/test_loo.py` checks elpd_i within 1e-8 and k
 within 1e-6.
 
@@ -97,30 +99,24 @@ def psis_loo_block(
     return _GENERATIONS[arviz_generation()](log_likelihood, float(reff), workspace)
 
 
-def _shifted(log_likelihood: np.ndarray, work: Workspace) -> tuple[np.ndarray, np.ndarray]:
+def _shifted(
+    log_likelihood: np.ndarray, work: Workspace
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """ArviZ's first step, `-log_likelihood` less each row's maximum, in `work.weights`
-    (float64, contiguous rows, whatever the input's layout), and that maximum."""
+    (float64, contiguous rows, whatever the input's layout); that maximum; each row's log
+    mean likelihood, `logsumexp(log_likelihood) - log(draws)`, reduced from `-log_likelihood`
+    before the shift (so `low - x` is `log_likelihood - max(log_likelihood)` to one rounding,
+    as ArviZ's); and whether the row is finite (a row with an infinite log-likelihood, whose
+    sums are ArviZ's to make, is not)."""
+    n_samples = log_likelihood.shape[1]
     x = np.negative(log_likelihood, out=work.weights)
-    top = x.max(axis=1)
-    x -= top[:, None]
-    return x, top
-
-
-def _lppd(x: np.ndarray, top: np.ndarray, log_likelihood: np.ndarray, work: Workspace):
-    """Each row's log mean likelihood, `logsumexp(log_likelihood) - log(draws)`, from the
-    shifted `x = -log_likelihood - top` (before smoothing): the likelihood itself is never
-    read again. A row whose shift is not finite (an infinite log-likelihood) is reduced
-    from `log_likelihood` directly."""
-    n_samples = x.shape[1]
-    low = x.min(axis=1)  # -max(log_likelihood) - top
+    top, low = x.max(axis=1), x.min(axis=1)
     scratch = np.subtract(low[:, None], x, out=work.scratch)
     np.exp(scratch, out=scratch)
-    lppd = np.log(scratch.sum(axis=1)) - low - top + np.log(1 / n_samples)
-    odd = np.flatnonzero(~(np.isfinite(top) & np.isfinite(low)))
-    if odd.size:
-        rows = np.asarray(log_likelihood[odd], dtype=np.float64)
-        lppd[odd] = _logsumexp_rows(rows) + np.log(1 / n_samples)
-    return lppd
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lppd = np.log(scratch.sum(axis=1)) - low + np.log(1 / n_samples)
+    x -= top[:, None]
+    return x, top, lppd, np.isfinite(top) & np.isfinite(low)
 
 
 def _elpd(top: np.ndarray, lse: np.ndarray, delta: np.ndarray, n_samples: int) -> np.ndarray:
@@ -196,13 +192,13 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     # largest, where M is this, and above log(tiny).
     tail_len = int(np.ceil(min(n_samples / 5.0, 3 * (n_samples / reff) ** 0.5)))
     cutoffmin = np.log(_TINY)
-    x, top = _shifted(log_likelihood, work)
-    lppd_i = _lppd(x, top, log_likelihood, work)
+    x, top, lppd_i, finite = _shifted(log_likelihood, work)
     k = np.full(n_obs, np.inf)
     regular = np.zeros(n_obs, dtype=bool)
-    delta = np.zeros((n_obs, max(tail_len, 0)))
+    delta = np.zeros((n_obs, tail_len))
     if 4 < tail_len < n_samples:
         cutoff, tail, tail_index, regular = _tail(x, tail_len, cutoffmin, work)
+        regular &= finite
         rows = np.flatnonzero(regular)
         if rows.size:
             exp_cutoff = np.exp(cutoff[rows])
@@ -227,10 +223,11 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     if irregular.size:
         from arviz.stats.stats import _psislw
 
-        for row in irregular:  # ArviZ's own function, one observation at a time
+        for row in irregular:  # ArviZ's own functions, one observation at a time
             values = np.asarray(log_likelihood[row], dtype=np.float64)
             log_weights, k[row] = _psislw(-values, -tail_len - 1, cutoffmin, normalize=True)
             elpd_i[row] = logsumexp(log_weights + values)
+            lppd_i[row] = logsumexp(values, b_inv=n_samples)
     return BlockResult(elpd_i, k, lppd_i)
 
 
@@ -282,9 +279,9 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
         tail_len = int(np.floor(n_samples / 5))
     if tail_len < 5:
         raise ValueError("n_draws_tail must be at least 5")  # arviz-stats' own error
-    x, top = _shifted(log_likelihood, work)
-    lppd_i = _lppd(x, top, log_likelihood, work)
+    x, top, lppd_i, finite = _shifted(log_likelihood, work)
     cutoff, tail, tail_index, regular = _tail(x, tail_len, -np.inf, work)
+    regular &= finite
     max_tail, min_tail = tail[:, -1], tail[:, 0]
     if np.any(np.abs(max_tail - min_tail)[regular] < _TINY):
         raise ValueError("All tail values are the same")  # arviz-stats' own error
@@ -306,10 +303,11 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
 
         # arviz-stats' own per-observation function (imported by name: ArviZ 0.x has none).
         array_stats = importlib.import_module("arviz_stats.base").array_stats
-        for row in irregular:  # ties at the cutoff: arviz-stats' own function
+        for row in irregular:  # ties at the cutoff, infinities: arviz-stats' own function
             values = np.asarray(log_likelihood[row], dtype=np.float64)
             log_weights, k[row] = array_stats._psislw(values, reff)
             elpd_i[row] = _logsumexp_rows((log_weights + values)[None])[0]
+            lppd_i[row] = _logsumexp_rows(values[None])[0] + np.log(1 / n_samples)
     return BlockResult(elpd_i, k, lppd_i)
 
 

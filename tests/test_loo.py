@@ -155,6 +155,48 @@ def test_psis_block_equals_arviz(seed, reff):
     np.testing.assert_allclose([elpd, se, p], _numbers(reference)[:3], rtol=1e-9)
 
 
+def _arviz_rows(ll: np.ndarray, reff: float):
+    """elpd_i, lppd_i and k of each row of `ll` (observations, draws) by the installed ArviZ's
+    own per-observation functions."""
+    n = ll.shape[1]
+    out = []
+    for row in ll:
+        if GENERATION == 0:
+            from arviz.stats.stats import _psislw
+            from arviz.stats.stats_utils import logsumexp
+
+            tail = int(np.ceil(min(n / 5.0, 3 * (n / reff) ** 0.5)))
+            tiny = np.log(np.finfo(float).tiny)
+            log_weights, k = _psislw(-row.copy(), -tail - 1, tiny, normalize=True)
+            out.append((logsumexp(log_weights + row), logsumexp(row, b_inv=n), k))
+        else:
+            from arviz_stats.base import array_stats
+            from scipy.special import logsumexp
+
+            log_weights, k = array_stats._psislw(row.copy(), reff)
+            out.append((logsumexp(log_weights + row), logsumexp(row, b=1 / n), k))
+    return (np.array(column) for column in zip(*out))
+
+
+def test_psis_block_extreme_rows_equal_arviz():
+    """A draw at +inf, one at -inf, and one far below the rest (where a sum over the
+    shifted weights would lose the others' digits): ArviZ's numbers, nan where ArviZ's."""
+    rng = np.random.default_rng(4)
+    ll = rng.normal(-1, 0.5, size=(5, CHAINS * DRAWS))
+    ll[0, 17] = np.inf
+    ll[1, 17] = -np.inf
+    ll[2, 17] = -1e12
+    ll[3, 17] = -1e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = _psis.psis_loo_block(ll, 1.0)
+        elpd_i, lppd_i, k = _arviz_rows(ll, 1.0)
+    assert np.isnan(elpd_i[0])  # the case under test: ArviZ's nan
+    np.testing.assert_allclose(result.elpd_i, elpd_i, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(result.lppd_i, lppd_i, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)
+
+
 # --- pymc ---------------------------------------------------------------------------------
 
 
