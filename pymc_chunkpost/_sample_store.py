@@ -26,6 +26,7 @@ import dataclasses
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,16 @@ OPTION = "postprocessing_output_path"
 @dataclasses.dataclass
 class SampleStore:
     """One sampling call's store: its folder, the model, and, in pymc's order, each
-    post-processing run's group and layout (`runs`); `started`: a run has written under
-    the folder."""
+    post-processing run's group and layout (`runs`); `existed`: the folder was there (empty)
+    before the call; `started`: a run has written under it; `completed`: the store is
+    complete (nothing of it is then removed)."""
 
     path: Path
     model: Any
     runs: list[tuple[str, StoreLayout]]
+    existed: bool = False
     started: bool = False
+    completed: bool = False
 
     @classmethod
     def plan(cls, path: Any, model: Any, arguments: Mapping[str, Any]) -> SampleStore:
@@ -66,7 +70,8 @@ class SampleStore:
         draws = int(arguments["chains"]) * int(arguments["draws"])
         known = sum(_known_bytes(model, layout.names or (), draws) for _, layout in runs)
         _disk_output.check_place(path, [], known, resume=False, name=OPTION)
-        return cls(Path(os.fspath(path)), model, runs)
+        folder = Path(os.fspath(path))
+        return cls(folder, model, runs, existed=folder.is_dir())
 
     def next_run(self) -> dict[str, Any]:
         """`_postprocess.run`'s keywords for pymc's next post-processing run: its outputs
@@ -104,10 +109,11 @@ class SampleStore:
         _disk_output.begin(self.path)
         parts = self.path / _disk_output.PARTS
         stored = set()
-        for part in sorted(parts.iterdir()) if parts.is_dir() else ():
-            _disk_output.adopt(self.path, part)
-            stored.add(part.name)
-        parts.rmdir()
+        if parts.is_dir():
+            for part in sorted(parts.iterdir()):
+                _disk_output.adopt(self.path, part)
+                stored.add(part.name)
+            parts.rmdir()
         for name, dataset in groups.items():
             if name in stored:  # pymc's coordinates of its own (`<name>_dim_0`: 0..n-1)
                 index = {k: v.values for k, v in dataset.coords.items() if v.dims == (k,)}
@@ -116,6 +122,7 @@ class SampleStore:
             else:
                 _disk_output.write_dataset(self.path, name, dataset)
         _disk_output.complete(self.path)
+        self.completed = True
         opened = _open(self.path, list(groups))
         if checks:
             warns = run_convergence_checks(opened, self.model)
@@ -125,9 +132,27 @@ class SampleStore:
 
     def abandon(self) -> None:
         """After a failure: remove what the call wrote (the folder was empty or absent
-        before it, `plan`), so that the same path can be passed again."""
-        if self.started and self.path.is_dir():
-            shutil.rmtree(self.path)
+        before it, `plan`), so that the same path can be passed again; a folder that was
+        there stays, emptied. A complete store stays whole. A failure to remove is a
+        warning: the caller's exception is the one raised."""
+        if not self.started or self.completed or not self.path.is_dir():
+            return
+        try:
+            if self.existed:
+                for entry in self.path.iterdir():
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+            else:
+                shutil.rmtree(self.path)
+        except OSError as error:
+            warnings.warn(
+                f"pymc_chunkpost could not remove the unfinished store at {self.path} "
+                f"({error}); delete it before passing that path again.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def _runs(model: Any, arguments: Mapping[str, Any]) -> list[tuple[str, StoreLayout]]:

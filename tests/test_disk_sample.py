@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -173,3 +174,44 @@ def test_a_failed_run_leaves_no_store(model, fake_nuts, tmp_path, monkeypatch):
     with pc.patched():
         _sample("pm.sample", "numpyro", model, disk(path))
     assert pc.open_outputs(path).complete
+
+
+def test_a_failure_keeps_the_callers_folder_and_a_complete_store(
+    model, fake_nuts, tmp_path, monkeypatch
+):
+    """A folder the caller made stays (emptied); a failure after the store is complete
+    (pymc's convergence checks) leaves it whole; a store that cannot be removed is a
+    warning beside the caller's own exception."""
+    path = tmp_path / "made"
+    path.mkdir()
+
+    def broken(path, group, dataset):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(_disk_output, "write_dataset", broken)
+    with pc.patched(), pytest.raises(OSError, match="disk full"):
+        _sample("pm.sample", "numpyro", model, disk(path))
+    assert path.is_dir() and not any(path.iterdir())
+
+    def failed_removal(*args, **kwargs):
+        raise PermissionError("busy")
+
+    from pymc_chunkpost import _sample_store
+
+    monkeypatch.setattr(_sample_store, "shutil", types.SimpleNamespace(rmtree=failed_removal))
+    other = tmp_path / "other"
+    with pc.patched(), pytest.raises(OSError, match="disk full"):
+        with pytest.warns(RuntimeWarning, match="could not remove"):
+            _sample("pm.sample", "numpyro", model, disk(other))
+    monkeypatch.undo()
+
+    import pymc.stats.convergence as convergence
+
+    def checks(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convergence, "run_convergence_checks", checks)
+    done = tmp_path / "done"
+    with pc.patched(), pytest.raises(KeyboardInterrupt):
+        _sample("pm.sample", "numpyro", model, disk(done), compute_convergence_checks=True)
+    assert pc.open_outputs(done).complete
