@@ -27,15 +27,21 @@ Invariants:
 - `resume=True` skips the chunks whose items the markers cover and computes the others:
   each draw's outputs depend on that draw alone, so the values are those of a run that was
   never interrupted. The draws given are only read.
+- A store records a digest of what its outputs are computed from (`inputs_digest`: the
+  draws, random keys included, the program's printed form and its constants, the model's
+  data among them); a call resumes it only with an equal digest, so a resumed store never
+  holds two calls' values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import os
 import queue
+import re
 import shutil
 import threading
 import warnings
@@ -60,6 +66,7 @@ __all__ = [
     "check_place",
     "complete",
     "create_or_resume",
+    "inputs_digest",
     "open_group",
     "open_outputs",
     "part_path",
@@ -83,6 +90,8 @@ MARKERS = "_chunkpost_written"
 #: The root attribute that describes the store: its format, the outputs, and `complete`.
 ATTRIBUTE = "chunkpost"
 FORMAT = 1
+#: An object's address where a program prints one (`<function f at 0x7f...>`).
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 #: The names of the last two sample dims (of one, `draw`'s alone; of more, `sample_dims`).
 SAMPLE_DIMS = ("chain", "draw")
 
@@ -198,21 +207,48 @@ def _read_description(path: Path) -> dict[str, Any] | None:
     return described if isinstance(described, dict) else None
 
 
+def inputs_digest(arrays: Sequence[Any], consts: Sequence[Any], program: str) -> str:
+    """A digest of what a call's outputs are computed from: the input arrays' shapes, dtypes
+    and values (a random key's data), the program's printed form and its constants'
+    values. Equal for the same call in another process: an address printed in the program
+    (a callable parameter's) is left out."""
+    import jax
+
+    digest = hashlib.blake2b(_ADDRESS.sub("", program).encode(), digest_size=16)
+    for x in (*arrays, *consts):
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        value = np.ascontiguousarray(np.asarray(x))
+        digest.update(f"|{value.dtype.str}{value.shape}|".encode())
+        digest.update(value.reshape(-1).view(np.uint8).data)
+    return digest.hexdigest()
+
+
 def check_place(
-    path: Any, outputs: Sequence[Output], output_bytes: int, *, resume: bool, name: str
+    path: Any,
+    outputs: Sequence[Output],
+    output_bytes: int,
+    *,
+    resume: bool,
+    name: str,
+    inputs: str | None = None,
+    refused: str = "Nothing was run.",
 ) -> None:
-    """Every check of the place, before any work.
+    """Every check of the place, before any work. `inputs`: the call's `inputs_digest`,
+    which a store resumed must have recorded; `name`: the caller's option for the path;
+    `refused`: what a refusal leaves, the messages' last sentence (none where empty).
 
     Raises:
         ValueError: `path` is not a path; it holds something else than these outputs
-            (anything at all, unless `resume`); it cannot be written; or its disk has less
-            free space than the outputs need (`output_bytes`, uncompressed).
+            (anything at all, unless `resume`), or outputs of other inputs; it cannot be
+            written; or its disk has less free space than the outputs need
+            (`output_bytes`, uncompressed).
     """
     if not isinstance(path, str | os.PathLike) or not os.fspath(path):
         raise ValueError(
             f"`{name}` must be a path (str or os.PathLike) for the disk tier, got {path!r}."
         )
-    path = Path(os.fspath(path))
+    path, tail = Path(os.fspath(path)), f" {refused}" if refused else ""
     exists = path.exists()
     if exists and not path.is_dir():
         raise ValueError(f"`{name}={str(path)!r}` is a file, not a folder for a Zarr store.")
@@ -224,20 +260,29 @@ def check_place(
                 f"`{name}={str(path)!r}` is not empty"
                 + (" (it holds outputs of ours)" if described else "")
                 + ". Pass another path, delete it, or pass `resume=True` to continue a store "
-                "of the same outputs. Nothing was run."
+                "of the same outputs." + tail
             )
         if described is None or _outputs_of(described) != list(outputs):
             raise ValueError(
                 f"`{name}={str(path)!r}` holds other outputs than this call's "
                 + ("(not a store of ours)" if described is None else "(other names or shapes)")
-                + ", so it cannot be resumed. Pass another path. Nothing was run."
+                + ", so it cannot be resumed. Pass another path."
+                + tail
+            )
+        if inputs is not None and described.get("inputs") != inputs:
+            raise ValueError(
+                f"`{name}={str(path)!r}` holds outputs of the same names and shapes computed "
+                "from other inputs (other draws, random seed or data"
+                + ("" if "inputs" in described else ", or a version that did not record them")
+                + "), so resuming would mix two calls' values. Resume with the call's own "
+                "arguments, or pass another path." + tail
             )
         written = _du(path)
     target = path if exists else _nearest_existing(path.parent)
     if not os.access(target, os.W_OK | os.X_OK):
         raise ValueError(
             f"`{name}={str(path)!r}` cannot be written ({str(target)!r} is read-only for "
-            "this user). Pass a path on a writable disk. Nothing was run."
+            "this user). Pass a path on a writable disk." + tail
         )
     free = shutil.disk_usage(target).free
     needed = max(int(output_bytes) - written, 0)
@@ -245,7 +290,7 @@ def check_place(
         raise ValueError(
             f"The outputs need {needed / 2**20:,.1f} MiB on disk, but {str(target)!r} has "
             f"{free / 2**20:,.1f} MiB free. Pass an `{name}` on a disk with more room, or "
-            "post-process fewer variables (`var_names`). Nothing was run."
+            "post-process fewer variables (`var_names`)." + tail
         )
 
 
@@ -264,6 +309,7 @@ def create_or_resume(
     resume: bool,
     coords: Mapping[str, Any] | None = None,
     draws_per_chunk: int | None = None,
+    inputs: str | None = None,
 ) -> DiskSink:
     """The store at `path` for `outputs` (checked by `check_place`), made or reopened, and
     the sink that writes chunks into it.
@@ -277,10 +323,13 @@ def create_or_resume(
         draws_per_chunk: the run's chunk size: where it divides the draws (the last sample
             dim), the Zarr chunks hold that many draws of one chain, so that each chunk is
             written whole.
+        inputs: the call's `inputs_digest`, recorded in a new store.
     """
     zarr = _zarr()
     path = Path(os.fspath(path))
     description = {"format": FORMAT, "complete": False, "outputs": [o.describe() for o in outputs]}
+    if inputs is not None:
+        description["inputs"] = inputs
     described = _read_description(path) if resume and path.exists() else None
     if described is None:
         root = zarr.open_group(str(path), mode="w")

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ._config import current
 from ._problem import cpu_cores
 from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
 from ._route import Options, evaluate
@@ -195,9 +196,10 @@ def _blocks(
     elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
     starts = list(range(0, n_leading - size, size)) + [n_leading - size]
     workspace = Workspace(size * rest, n_samples)
-    # Each observation is smoothed on its own: the block's rows in one part per core, each
-    # smoothed by a thread of its own (numpy releases the GIL), with the same numbers.
-    n_parts = max(1, min(cpu_cores(), size * rest))
+    # Each observation is smoothed on its own: the block's rows in one part per core (up to
+    # `psis_parts`), each smoothed by a thread of its own (numpy releases the GIL), with the
+    # same numbers.
+    n_parts = max(1, min(cpu_cores(), current().psis_parts, size * rest))
     bounds = np.linspace(0, size * rest, n_parts + 1).astype(int)
     parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     # The engine computes the next block in a thread while this one is smoothed (numpy and

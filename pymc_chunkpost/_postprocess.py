@@ -217,7 +217,7 @@ def run(
         with _matmul_precision(matmul_precision):
             problem, samples = _validate(jax_fn, raw_mcmc_samples, postprocessing_backend)
         problem = dataclasses.replace(problem, one_draw_programs=one_draw_programs, random=random)
-        target = _DiskTarget.of(problem, output_memory, output_path, resume, store)
+        target = _DiskTarget.of(problem, samples, output_memory, output_path, resume, store)
         if target is not None and (arrays := target.complete_arrays()) is not None:
             return arrays, _planner.stored_plan(problem)
         one_by_one = _resources.shard_by_shard(problem)
@@ -373,6 +373,8 @@ class StoreLayout:
             items are the draws' `(a * b)` in C order (numpyro's batch shape: `(n,)`, or
             `(a, b)`); None: the draws' `(chains, draws)`. `_disk_output.sample_dims`
             names them (`draw`; `chain`, `draw`; ...).
+        option: the caller's name for the store's path, which a refused place names.
+        refused: what a refused place leaves the caller (the message's last sentence).
     """
 
     names: Sequence[str] | None = None
@@ -381,6 +383,8 @@ class StoreLayout:
     coords: Mapping[str, Any] | None = None
     dtypes: Sequence[Any] | None = None
     sample_shape: Sequence[int] | None = None
+    option: str = "output_path"
+    refused: str = "Nothing was run."
 
 
 def _execute(
@@ -405,14 +409,16 @@ class _DiskTarget:
     path: Path
     stored: list[Any]
     resume: bool
-    coords: Mapping[str, Any] | None
+    layout: StoreLayout
     checked: bool
+    inputs: str  # `_disk_output.inputs_digest` of the call
     sink: _disk_output.DiskSink | None = None
 
     @classmethod
     def of(
         cls,
         problem: Problem,
+        samples: Sequence[Any],
         output_memory: str,
         output_path: Any,
         resume: bool,
@@ -420,7 +426,8 @@ class _DiskTarget:
     ) -> _DiskTarget | None:
         """The target where outputs may go to disk (a path, "disk" or "auto"), else None;
         for "disk", the place is checked now, before any work ("auto" checks it once it
-        has chosen it)."""
+        has chosen it). The inputs' digest is taken now, while `samples` are whole (an
+        attempt may donate them)."""
         if output_path is None or output_memory not in ("auto", "disk"):
             return None
         layout = store or StoreLayout()
@@ -432,14 +439,22 @@ class _DiskTarget:
             layout.dtypes,
             layout.sample_shape,
         )
-        target = cls(Path(os.fspath(output_path)), stored, resume, layout.coords, False)
+        inputs = _disk_output.inputs_digest(samples, problem.every_const(), problem.fingerprint)
+        path = Path(os.fspath(output_path))
+        target = cls(path, stored, resume, layout, False, inputs)
         if output_memory == "disk":
             target.check(problem)
         return target
 
     def check(self, problem: Problem) -> None:
         _disk_output.check_place(
-            self.path, self.stored, problem.output_bytes, resume=self.resume, name="output_path"
+            self.path,
+            self.stored,
+            problem.output_bytes,
+            resume=self.resume,
+            name=self.layout.option,
+            inputs=self.inputs,
+            refused=self.layout.refused,
         )
         self.checked = True
 
@@ -463,8 +478,9 @@ class _DiskTarget:
                 self.path,
                 self.stored,
                 resume=self.resume,
-                coords=self.coords,
+                coords=self.layout.coords,
                 draws_per_chunk=exe.chunk_size,
+                inputs=self.inputs,
             )
         return {"sink": self.sink.with_computed(problem.computed)}
 

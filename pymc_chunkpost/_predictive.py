@@ -128,7 +128,8 @@ def sample_posterior_predictive(
             computed ("host" lands each chunk in host memory, for outputs larger than the
             device; "disk" writes each chunk into a Zarr store at `output_path`, and the
             drawn variables of the result are read from it lazily: docs/memory.md). "auto"
-            chooses disk only with a path, for draws with two sample dims.
+            chooses disk only with a path. The store holds the trace's sample dims (any
+            number; a list of points: `(chain, draw)` of one chain).
         output_path: the store's folder for "disk" (default: `configure_memory`'s); its
             group is "posterior_predictive" (or "predictions").
         resume: continue a store that a run of the same call did not finish.
@@ -754,33 +755,40 @@ def _seed_and_index(random_seed: Any, lead: tuple[int, int], built: _Built) -> n
 
 def _store_for(model: Any, built: _Built, read: _Trace, ours: dict[str, Any], group: str) -> Any:
     """Where the outputs may go to disk (`_postprocess.StoreLayout`), or None: a path is set,
-    `output_memory` is "disk" or "auto", and the trace has two sample dims (else "disk" is
-    refused, "auto" keeps to memory).
+    `output_memory` is "disk" or "auto", and the trace has sample dims (else "disk" is
+    refused, "auto" keeps to memory). The store's sample dims are the trace's, under the
+    store's names (`_disk_output.sample_dims`), with the trace's coordinates where they are
+    plain values (`_from_store` gives them pymc's names and coordinates back).
 
     Raises:
-        ValueError: "disk" asked of a trace without two sample dims, before any work.
+        ValueError: "disk" asked of a trace without sample dims, before any work.
     """
     where = ours.get("output_memory", "auto")
     if ours.get("output_path") is None or where not in ("auto", "disk"):
         return None
-    if len(read.sample_shape) != 2 or read.stacked_dims is None:
+    if not read.sample_shape:
         if where == "disk":
             raise ValueError(
-                "`output_memory='disk'` stores draws with two sample dims (chain, draw); "
-                "this trace has other ones, or is a list of points. Pass the posterior "
-                "with its chain and draw dims, or `output_memory='host'`."
+                "`output_memory='disk'` stores draws along sample dims; `sample_dims=[]` "
+                "gives one point. Pass `output_memory='host'`, or draws with sample dims."
             )
         return None
     from pymc.backends.arviz import coords_and_dims_for_inferencedata
 
+    from ._disk_output import sample_dims
+
     coords, dims = coords_and_dims_for_inferencedata(model)
-    sample = dict(zip(["chain", "draw"], [np.asarray(v) for v in read.stacked_dims.values()]))
-    return _postprocess.StoreLayout(built.output_names, group, dims, {**coords, **sample})
+    stacked = list((read.stacked_dims or {}).values())
+    names = sample_dims(len(read.sample_shape))
+    sample = {k: np.asarray(v) for k, v in zip(names, stacked) if np.asarray(v).dtype != object}
+    layout = _postprocess.StoreLayout(built.output_names, group, dims, {**coords, **sample})
+    return dataclasses.replace(layout, sample_shape=read.sample_shape)
 
 
 def _from_store(result: Any, path: Any, group: str, names: Sequence[str]) -> Any:
     """`result` (pymc's packing, with placeholders for `names` in `group`) with those
-    variables read lazily from the store at `path`, under pymc's dims."""
+    variables read lazily from the store at `path`, under pymc's dims and coordinates (the
+    stored variables' own are dropped: a stacked sample dim's may be a `MultiIndex`)."""
     from ._disk_output import open_group
 
     stored = open_group(path, group)
@@ -789,9 +797,9 @@ def _from_store(result: Any, path: Any, group: str, names: Sequence[str]) -> Any
     for name in names:
         variable = stored[name]
         renamed = dict(zip(variable.dims, dataset[name].dims))
-        dataset[name] = variable.rename({k: v for k, v in renamed.items() if k != v}).assign_attrs(
-            dataset[name].attrs
-        )
+        variable = variable.rename({k: v for k, v in renamed.items() if k != v}).variable
+        variable.attrs = dict(dataset[name].attrs)
+        dataset[name] = variable  # a `Variable`: the dataset's coordinates, no alignment
     if pymc6():
         result[group] = dataset
     else:

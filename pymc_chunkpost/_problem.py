@@ -224,6 +224,13 @@ class Problem:
         them as arguments, so that new values of the same shapes compile nothing."""
         return () if self.jaxpr is None else tuple(self.jaxpr.consts)
 
+    def every_const(self) -> tuple[Any, ...]:
+        """`consts`, then the constants of the closed jaxprs nested in it (a nested `jit`'s
+        own, which its printed form shows as types only)."""
+        if self.jaxpr is None:
+            return ()
+        return (*self.consts, *_nested_consts(self.jaxpr.jaxpr))
+
     @functools.cached_property
     def program_digest(self) -> str:
         """A digest of `fingerprint`: the per-draw program, its constants by shape."""
@@ -318,6 +325,18 @@ def _trace(jax_fn: Callable, per_draw: Sequence[jax.ShapeDtypeStruct]) -> _Trace
 _HIDDEN = ("0xXXXXXXXXXXXX", "[...]")
 #: Primitives whose callable parameters the forward program never runs: custom derivatives.
 _RULES_NOT_RUN = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _nested_consts(jaxpr) -> list[Any]:
+    found: list[Any] = []
+    for eqn in jaxpr.eqns:
+        for value in eqn.params.values():
+            for v in value if isinstance(value, tuple | list) else (value,):
+                found += getattr(v, "consts", None) or []
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    found += _nested_consts(inner)
+    return found
 
 
 def _runs_code(value: Any) -> bool:

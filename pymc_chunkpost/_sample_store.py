@@ -41,6 +41,12 @@ __all__ = ["OPTION", "SampleStore"]
 
 #: What `pm.sample` calls the store's folder (`check_place`'s messages name it).
 OPTION = "postprocessing_output_path"
+#: What a place refused after sampling leaves (the exact bytes, checked once the draws'
+#: shapes are known): the draws were not kept.
+AFTER_SAMPLING = (
+    "NUTS had run: its draws are not kept, and what this call wrote is removed. Sample "
+    "again with a store that has room."
+)
 
 
 @dataclasses.dataclass
@@ -69,7 +75,7 @@ class SampleStore:
         runs = _runs(model, arguments)
         draws = int(arguments["chains"]) * int(arguments["draws"])
         known = sum(_known_bytes(model, layout.names or (), draws) for _, layout in runs)
-        _disk_output.check_place(path, [], known, resume=False, name=OPTION)
+        _disk_output.check_place(path, [], known, resume=False, name=OPTION, refused="")
         folder = Path(os.fspath(path))
         return cls(folder, model, runs, existed=folder.is_dir())
 
@@ -91,7 +97,7 @@ class SampleStore:
         return {
             "output_memory": "disk",
             "output_path": _disk_output.part_path(self.path, group),
-            "store": layout,
+            "store": dataclasses.replace(layout, option=OPTION, refused=AFTER_SAMPLING),
         }
 
     @staticmethod

@@ -147,6 +147,57 @@ def test_a_failed_run_is_incomplete_and_resume_finishes_it(tmp_path, monkeypatch
     assert_equal_to(again, expected)
 
 
+def test_resume_refuses_outputs_of_other_inputs(tmp_path, monkeypatch):
+    """Other draws of the same shapes, or other data (a constant of the function), would
+    mix two calls' values in one store: refused before any work, the store unchanged."""
+    raw = draws()
+    path = tmp_path / "store"
+    fail_after(monkeypatch, 2 * 4 + 1)
+    with pytest.raises(Stop):
+        pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=path, chunk_size=10)
+    monkeypatch.undo()
+    offset = jnp.asarray(np.linspace(0.0, 1.0, 40))
+
+    def other_data(x, y):
+        return x, jnp.sin(x)[..., None] * offset + y[..., :1], (y**2).sum()
+
+    writes = fail_after(monkeypatch, 10**6)
+    for fn, given in [(per_draw, draws(seed=1)), (other_data, raw)]:
+        with pytest.raises(ValueError, match="computed from other inputs.*Nothing was run"):
+            pc.postprocess_samples(
+                fn, given, output_memory="disk", output_path=path, chunk_size=10, resume=True
+            )
+    assert writes[0] == 0 and pc.open_outputs(path).items_written == 40
+    outputs = pc.postprocess_samples(
+        per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True
+    )
+    assert_equal_to(outputs, in_memory(raw))
+
+
+def test_resume_refuses_other_data_of_a_nested_program(tmp_path, monkeypatch):
+    """Data held as a nested `jit`'s own constant, which the printed program shows as a type
+    only, are inputs too."""
+
+    def with_data(offset):
+        @jax.jit
+        def scaled(x):
+            return jnp.sin(x)[..., None] * jnp.asarray(offset)
+
+        return lambda x, y: (x, scaled(x) + y[..., :1], (y**2).sum())
+
+    raw, path = draws(), tmp_path / "store"
+    options = dict(output_memory="disk", output_path=path, chunk_size=10)
+    fail_after(monkeypatch, 2 * 4 + 1)
+    with pytest.raises(Stop):
+        pc.postprocess_samples(with_data(np.arange(40.0)), raw, **options)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="computed from other inputs"):
+        pc.postprocess_samples(with_data(np.arange(40.0) + 1), raw, **options, resume=True)
+    outputs = pc.postprocess_samples(with_data(np.arange(40.0)), raw, **options, resume=True)
+    assert pc.open_outputs(path).complete
+    assert_equal_to(outputs, in_memory(raw))  # per_draw's, the same function
+
+
 KILLED = """
 import os, signal, sys
 import numpy as np
@@ -323,6 +374,10 @@ def test_sharded_chains_write_their_own_block(tmp_path):
 # --- the post-hoc routes --------------------------------------------------------------------
 
 
+def as_dataset(x):
+    return x.to_dataset() if hasattr(x, "to_dataset") else x
+
+
 def assert_like_pymc(ours, theirs):
     """The same variables, dims, dtypes and coords as pymc's, values within 1e-12."""
     ours = ours.to_dataset() if hasattr(ours, "to_dataset") else ours
@@ -478,6 +533,69 @@ def test_donated_draws_survive_a_failed_write(tmp_path, monkeypatch, n_writes):
 # --- the predictive route -----------------------------------------------------------------
 
 
+def _one_dim(post):
+    """The draws under one sample dim, `sample`, of plain coordinates."""
+    n = post.sizes["chain"] * post.sizes["draw"]
+    variables = {
+        name: (("sample", *da.dims[2:]), da.values.reshape(n, *da.shape[2:]))
+        for name, da in post.data_vars.items()
+    }
+    coords = {k: v for k, v in post.coords.items() if k not in ("chain", "draw")}
+    return xr.Dataset(variables, coords={**coords, "sample": np.arange(n) * 10})
+
+
+@pytest.mark.parametrize(
+    "trace, sample_dims",
+    [
+        (_one_dim, ["sample"]),
+        (lambda post: post.stack(sample=("chain", "draw")), ["sample"]),  # a MultiIndex
+        (lambda post: post.transpose("draw", "chain", ...), ["draw", "chain"]),
+        (lambda post: [{k: post[k].values[0, i] for k in post.data_vars} for i in range(5)], None),
+    ],
+    ids=["one_dim", "multiindex", "draw_chain", "points"],
+)
+def test_posterior_predictive_of_other_sample_dims_on_disk(
+    posthoc_models, tmp_path, trace, sample_dims
+):
+    """A trace of other sample dims, or a list of points: the store holds the trace's sample
+    dims, and the result has pymc's dims and coordinates, read lazily."""
+    model, post = posthoc_models["counts"]
+    kwargs = dict(model=model, random_seed=3, progressbar=False)
+    if sample_dims is not None:
+        kwargs["sample_dims"] = sample_dims
+    theirs = pc.sample_posterior_predictive(trace(post), **kwargs)
+    path = tmp_path / "store"
+    ours = pc.sample_posterior_predictive(
+        trace(post), **kwargs, output_memory="disk", output_path=path
+    )
+    ours_, theirs_ = (as_dataset(x["posterior_predictive"]).copy() for x in (ours, theirs))
+    for x in (ours_, theirs_):
+        x.attrs.pop("created_at")  # when each was packed
+    xr.testing.assert_identical(ours_.load(), theirs_)
+    for name in ("events", "hits"):
+        assert "preferred_chunks" in ours["posterior_predictive"][name].variable.encoding, name
+    assert pc.open_outputs(path).complete
+
+
+def test_posterior_predictive_of_one_point_is_refused_on_disk(tmp_path, monkeypatch):
+    """pymc 6's `sample_dims=[]`, one point: "disk" is refused before any work, "auto"
+    keeps it in memory."""
+    import test_posthoc
+
+    if not test_posthoc.PYMC6:
+        pytest.skip("pymc 5 takes sample dims")
+    pm = pytest.importorskip("pymc")
+    with pm.Model() as model:
+        pm.Normal("y", pm.Normal("mu"), observed=np.zeros(3))
+    point = xr.Dataset({"mu": ((), 0.5)})
+    kwargs = dict(model=model, sample_dims=[], progressbar=False, output_path=tmp_path / "s")
+    with pytest.raises(ValueError, match="stores draws along sample dims"):
+        pc.sample_posterior_predictive(point, **kwargs, output_memory="disk")
+    drawn = pc.sample_posterior_predictive(point, **kwargs)
+    assert dict(drawn["posterior_predictive"].sizes) == {"y_dim_0": 3}
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.mark.parametrize("extend", [False, True])
 def test_posterior_predictive_on_disk_equals_the_route_in_memory(posthoc_models, tmp_path, extend):
     """The same draws as the route in memory (each draw's keys are its seed and index), read
@@ -500,3 +618,17 @@ def test_posterior_predictive_on_disk_equals_the_route_in_memory(posthoc_models,
     stored = pc.open_outputs(path)
     assert stored.complete
     assert set(stored.arrays) == {"posterior_predictive/events", "posterior_predictive/hits"}
+    # Resumed: the same seed reads the complete store; another seed's draws are other values.
+    resumed = pc.sample_posterior_predictive(
+        test_posthoc.idata_of(post), **kwargs, output_memory="disk", output_path=path, resume=True
+    )
+    assert_like_pymc(resumed["posterior_predictive"], theirs["posterior_predictive"])
+    kwargs["random_seed"] = 4
+    with pytest.raises(ValueError, match="computed from other inputs"):
+        pc.sample_posterior_predictive(
+            test_posthoc.idata_of(post),
+            **kwargs,
+            output_memory="disk",
+            output_path=path,
+            resume=True,
+        )

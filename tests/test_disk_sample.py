@@ -160,6 +160,27 @@ def test_bad_disk_options_are_refused_before_sampling(
     assert fake_nuts == [] and spy == []
 
 
+def test_no_room_after_sampling_says_what_is_lost(model, fake_nuts, tmp_path, monkeypatch):
+    """The exact bytes, checked again once pymc's shapes are known: a refusal then says that
+    NUTS ran, under pymc's option name, and leaves no store."""
+    from pymc_chunkpost import _sample_store
+
+    next_run, usage = _sample_store.SampleStore.next_run, shutil.disk_usage(tmp_path)
+
+    def squeezed(self):  # the disk fills up while NUTS runs
+        monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=100))
+        return next_run(self)
+
+    monkeypatch.setattr(_sample_store.SampleStore, "next_run", squeezed)
+    path = tmp_path / "store"
+    with pc.patched(), pytest.raises(ValueError, match="need .* MiB on disk, but") as raised:
+        _sample("pm.sample", "numpyro", model, disk(path))
+    message = str(raised.value)
+    assert "`postprocessing_output_path`" in message and "NUTS had run" in message
+    assert "Nothing was" not in message
+    assert len(fake_nuts) == 1 and not path.exists()
+
+
 def test_a_failed_run_leaves_no_store(model, fake_nuts, tmp_path, monkeypatch):
     def broken(path, group, dataset):
         raise OSError("disk full")

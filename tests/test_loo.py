@@ -213,6 +213,27 @@ def test_hierarchical_equals_arviz(block_size):
     assert elpd_i.dims == ("obs",)
 
 
+def test_psis_parts_are_capped_and_give_the_same_numbers(monkeypatch):
+    """A host of many cores smooths in at most `psis_parts` threads, with ArviZ's numbers."""
+    from pymc_chunkpost._config import configured
+
+    model, draws = hierarchical()
+    idata, reference = _reference(model, draws)
+    pools, executor = [], _loo.ThreadPoolExecutor
+
+    def recorded(max_workers, thread_name_prefix):
+        pools.append((thread_name_prefix, max_workers))
+        return executor(max_workers, thread_name_prefix=thread_name_prefix)
+
+    monkeypatch.setattr(_loo, "cpu_cores", lambda: 12)
+    monkeypatch.setattr(_loo, "ThreadPoolExecutor", recorded)
+    with warnings.catch_warnings(), configured(psis_parts=3):
+        warnings.filterwarnings("ignore", "Estimated shape parameter")
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True)
+    _assert_same(ours, reference)
+    assert ("loo-psis", 3) in pools
+
+
 def test_observed_data_of_unknown_shape_equals_arviz():
     """Observed values in `pm.Data` have no static shape: the log-density's shape is
     computed (pytensor), and the numbers are still ArviZ's."""

@@ -154,7 +154,7 @@ def test_a_failed_run_is_incomplete_and_resume_finishes_it(
     theirs = NumpyroPredictive(model, draws, batch_ndims=batch_ndims)(KEY, *args)
     path = tmp_path / "store"
 
-    def predict(**options):
+    def predict(key=KEY, **options):
         return Predictive(
             model,
             draws,
@@ -163,7 +163,7 @@ def test_a_failed_run_is_incomplete_and_resume_finishes_it(
             output_memory="disk",
             output_path=path,
             **options,
-        )(KEY, *args)
+        )(key, *args)
 
     assert len(theirs) == 4
     fail_after(monkeypatch, 4 * 2 + 1)  # two chunks of 4 draws whole, the third begun
@@ -175,6 +175,9 @@ def test_a_failed_run_is_incomplete_and_resume_finishes_it(
     with pytest.raises(ValueError, match="not empty.*resume=True"):
         predict()
     writes = fail_after(monkeypatch, 10**6)
+    with pytest.raises(ValueError, match="computed from other inputs"):  # another key
+        predict(jax.random.PRNGKey(99), resume=True)
+    assert writes[0] == 0
     ours = predict(resume=True)
     assert writes[0] == 4 * 4  # the four chunks left, four outputs each
     assert_identical(ours, theirs)

@@ -1,6 +1,6 @@
 """PSIS's host cost per value, one thread against one part per core: a block of a normal
 model's log-likelihood, `pymc_chunkpost._psis.psis_loo_block` on (rows, draws) parts, and the
-whole `loo` of bench_loo's model with the parts capped (`--parts`).
+whole `loo` of bench_loo's model with the parts capped (`--parts`), warm (one call before).
 
     python benchmarks/probes/psis_threads.py [--rows 4000] [--draws 4000]
 """
@@ -53,12 +53,16 @@ def main() -> None:
     model, idata = build(args.loo_rows)
     import warnings
 
+    from pymc_chunkpost._config import configured
+
     warnings.simplefilter("ignore")
+    pymc_chunkpost.loo(idata, model, progressbar=False)  # compiled once: each call below warm
     for n in [int(p) for p in args.parts.split(",")][::-1]:
         _loo.cpu_cores = lambda n=n: n
-        tic = time.perf_counter()
-        pymc_chunkpost.loo(idata, model, progressbar=False)
-        print(f"loo parts={n}: {time.perf_counter() - tic:.3f} s", flush=True)
+        with configured(psis_parts=n):
+            tic = time.perf_counter()
+            pymc_chunkpost.loo(idata, model, progressbar=False)
+        print(f"loo parts={n} (warm): {time.perf_counter() - tic:.3f} s", flush=True)
 
 
 if __name__ == "__main__":
