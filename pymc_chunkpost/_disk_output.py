@@ -19,18 +19,22 @@ Invariants:
 - The writer's queue holds at most `QUEUE_CHUNKS` landed chunks: host memory holds those, the
   chunk being written, and the landing's two, never the outputs.
 - A chunk's marker (a file under `MARKERS`, named by its item range) is created only once
-  every output's region of that chunk has been written: the markers say which items were
-  written whole. A run killed at any point leaves the markers of whole chunks only.
+  every output's region of that chunk has been written and flushed to the disk (its chunk
+  files and their folders `fsync`ed): the markers say which items were written whole. A
+  run killed at any point, the machine's power cut included, leaves the markers of whole
+  chunks only (the marker itself is `fsync`ed before the next chunk is written).
 - The root group's `chunkpost.complete` attribute becomes true last, after every chunk, the
-  pass-through outputs, the coordinates and the consolidated metadata: a killed run never
-  reads back as complete. The markers are removed after it (a complete store needs none).
+  pass-through outputs, the coordinates and the consolidated metadata, all flushed to the
+  disk first: a killed run never reads back as complete. The markers are removed after it
+  (a complete store needs none).
 - `resume=True` skips the chunks whose items the markers cover and computes the others:
   each draw's outputs depend on that draw alone, so the values are those of a run that was
   never interrupted. The draws given are only read.
 - A store records a digest of what its outputs are computed from (`inputs_digest`: the
   draws, random keys included, the program's printed form and its constants, the model's
-  data among them); a call resumes it only with an equal digest, so a resumed store never
-  holds two calls' values.
+  data among them, JAX's settings and version); a call resumes it only with an equal
+  digest, so a resumed store does not hold two calls' values (except where the digest
+  cannot see a difference: data that a callback reads, draws that span processes).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import re
 import shutil
 import threading
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,21 +211,45 @@ def _read_description(path: Path) -> dict[str, Any] | None:
     return described if isinstance(described, dict) else None
 
 
-def inputs_digest(arrays: Sequence[Any], consts: Sequence[Any], program: str) -> str:
-    """A digest of what a call's outputs are computed from: the input arrays' shapes, dtypes
-    and values (a random key's data), the program's printed form and its constants'
-    values. Equal for the same call in another process: an address printed in the program
-    (a callable parameter's) is left out."""
+def inputs_digest(
+    arrays: Sequence[Any], dtypes: Sequence[Any], consts: Sequence[Any], program: str
+) -> str | None:
+    """A digest of what a call's outputs are computed from: the input arrays' values as the
+    program reads them (`dtypes`, little-endian; a random key's data), the program's printed
+    form (with JAX's settings and the platform it runs on), its constants' values and JAX's
+    version.
+    Equal for the same call in another process: an address printed in the program (a
+    callable parameter's) is left out. None where some draws span processes (each process
+    holds only its own). Host copies are made one shard at a time and dropped (a
+    `jax.Array`'s own `np.asarray` would keep one on the array)."""
     import jax
 
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in arrays):
+        return None
     digest = hashlib.blake2b(_ADDRESS.sub("", program).encode(), digest_size=16)
-    for x in (*arrays, *consts):
-        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        value = np.ascontiguousarray(np.asarray(x))
+    digest.update(f"|jax {jax.__version__}|".encode())
+    for x, dtype in zip((*arrays, *consts), (*dtypes, *(None,) * len(consts))):
+        value = _host_value(x, dtype)
         digest.update(f"|{value.dtype.str}{value.shape}|".encode())
         digest.update(value.reshape(-1).view(np.uint8).data)
     return digest.hexdigest()
+
+
+def _host_value(x: Any, dtype: Any) -> np.ndarray:
+    """`x` on the host as a contiguous little-endian array of `dtype` (default its own; a
+    random key's data as they are), in a copy that `x` does not keep."""
+    import jax
+
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+        x, dtype = jax.random.key_data(x), None
+    if isinstance(x, jax.Array):
+        host = np.empty(x.shape, x.dtype)
+        for shard in x.addressable_shards:
+            host[shard.index] = np.asarray(shard.data)  # `shard.data`: a new array each time
+        x = host
+    value = np.asarray(x)
+    dtype = np.dtype(value.dtype if dtype is None else dtype).newbyteorder("<")
+    return np.ascontiguousarray(value, dtype=dtype)
 
 
 def check_place(
@@ -272,8 +300,9 @@ def check_place(
         if inputs is not None and described.get("inputs") != inputs:
             raise ValueError(
                 f"`{name}={str(path)!r}` holds outputs of the same names and shapes computed "
-                "from other inputs (other draws, random seed or data"
-                + ("" if "inputs" in described else ", or a version that did not record them")
+                "from other inputs (other draws, random seed or data, another function, or "
+                "other JAX settings or version"
+                + ("" if "inputs" in described else "; or a version that did not record them")
                 + "), so resuming would mix two calls' values. Resume with the call's own "
                 "arguments, or pass another path." + tail
             )
@@ -419,9 +448,11 @@ class DiskSink:
         self.writer.put((start + self.offset, stop + self.offset, self.computed, list(arrays)))
 
     def _write_now(self, start: int, stop: int, which: Sequence[int], arrays: list) -> None:
+        written: set[Path] = set()
         for j, x in zip(which, arrays):
-            _write_items(self.arrays[j], self.outputs[j], start, stop, x, self.files[j])
-        _mark(self.path / MARKERS, start, stop)  # after the data: the chunk is whole
+            written |= _write_items(self.arrays[j], self.outputs[j], start, stop, x, self.files[j])
+        _sync(written, self.path)
+        _mark(self.path / MARKERS, start, stop)  # after the data, on the disk: the chunk is whole
 
     def finish(self, passed: Mapping[int, Any], chunk_items: int) -> list[Any]:
         """Wait for the writer, write the pass-through outputs (`passed`: output index to
@@ -452,15 +483,43 @@ class DiskSink:
 
 
 def complete(path: Path) -> None:
-    """Consolidate the store's metadata, then mark it complete (last: the store is whole),
-    then remove its markers (a complete store needs none)."""
+    """Consolidate the store's metadata and flush every file of it to the disk, then mark
+    it complete (last: the store is whole), then remove its markers (a complete store needs
+    none)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module="zarr")
         _zarr().consolidate_metadata(str(path))
+    _sync((f for f in path.rglob("*") if f.is_file()), path)
     root = _zarr().open_group(str(path), mode="r+")
     described = dict(root.attrs[ATTRIBUTE])
     root.attrs[ATTRIBUTE] = described | {"complete": True}
+    _sync([path / "zarr.json"], path)
     shutil.rmtree(path / MARKERS, ignore_errors=True)
+
+
+def _sync(files: Iterable[Path], root: Path) -> None:
+    """Flush `files` (each inside the store at `root`) and the folders that name them, up
+    to `root`, to the disk (`fsync`): after a power cut they read back as written. A folder
+    the system cannot flush (a file system without `fsync` on folders) is left as it is."""
+    folders: set[Path] = set()
+    for file in files:
+        _fsync(file)
+        folders.update(p for p in file.parents if p == root or root in p.parents)
+    for folder in sorted(folders, key=lambda p: -len(p.parts)):  # the deepest first
+        _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # EINVAL: a folder on a file system that cannot flush one
+        pass
+    finally:
+        os.close(fd)
 
 
 # --- A store that several runs fill (the patched `pm.sample`: the log-likelihood, the
@@ -539,14 +598,15 @@ def _write_items(
     stop: int,
     x: np.ndarray,
     files: _ChunkFiles | None = None,
-) -> None:
+) -> set[Path]:
     """Items `[start, stop)` of the flat sample axis, one region per chain (per item of the
     sample dims before the last, the draws): a region that is one whole Zarr chunk of an
     uncompressed array on a local disk is written as that chunk's file (`_ChunkFiles`),
-    any other through zarr."""
+    any other through zarr. Returns the chunk files written, where they are known (a local
+    store)."""
     chains = output.shape[: output.n_sample_dims - 1]
     draws = output.shape[output.n_sample_dims - 1]
-    item = start
+    item, written = start, set()
     while item < stop:
         row, draw = divmod(item, draws)
         chain = tuple(int(i) for i in np.unravel_index(row, chains))
@@ -554,7 +614,25 @@ def _write_items(
         part = x[item - start : end - start]
         if files is None or not files.write(chain, draw, end - item, part):
             array[(*chain, slice(draw, draw + end - item))] = part
+        written |= _chunk_paths(array, chain, draw, end - item)
         item = end
+    return written
+
+
+def _chunk_paths(array: Any, chain: tuple[int, ...], draw: int, count: int) -> set[Path]:
+    """The files of the Zarr chunks that draws `[draw, draw + count)` of `chain` lie in,
+    for an array in a local folder (its event dims whole in each chunk, as
+    `_zarr_chunks` makes them); none for another store."""
+    root = getattr(array.store, "root", None)
+    if root is None or count <= 0:
+        return set()
+    k, per = len(chain) + 1, int(array.chunks[len(chain)])
+    event = (0,) * (len(array.shape) - k)
+    folder = Path(root) / array.path
+    return {
+        folder / array.metadata.encode_chunk_key((*chain, c, *event))
+        for c in range(draw // per, (draw + count - 1) // per + 1)
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -647,7 +725,9 @@ def _write_group_coords(
 
 
 def _mark(folder: Path, start: int, stop: int) -> None:
-    (folder / f"{start}_{stop}").touch()
+    marker = folder / f"{start}_{stop}"
+    marker.touch()
+    _sync([marker], folder.parent)
 
 
 def _read_markers(folder: Path) -> list[tuple[int, int]]:

@@ -410,8 +410,9 @@ class _DiskTarget:
     stored: list[Any]
     resume: bool
     layout: StoreLayout
-    checked: bool
-    inputs: str  # `_disk_output.inputs_digest` of the call
+    samples: Sequence[Any]  # the call's draws, read for the digest of its inputs
+    checked: bool = False
+    inputs: str | None = None  # the digest, once `check` has taken it
     sink: _disk_output.DiskSink | None = None
 
     @classmethod
@@ -426,8 +427,7 @@ class _DiskTarget:
     ) -> _DiskTarget | None:
         """The target where outputs may go to disk (a path, "disk" or "auto"), else None;
         for "disk", the place is checked now, before any work ("auto" checks it once it
-        has chosen it). The inputs' digest is taken now, while `samples` are whole (an
-        attempt may donate them)."""
+        has chosen it)."""
         if output_path is None or output_memory not in ("auto", "disk"):
             return None
         layout = store or StoreLayout()
@@ -439,14 +439,21 @@ class _DiskTarget:
             layout.dtypes,
             layout.sample_shape,
         )
-        inputs = _disk_output.inputs_digest(samples, problem.every_const(), problem.fingerprint)
-        path = Path(os.fspath(output_path))
-        target = cls(path, stored, resume, layout, False, inputs)
+        target = cls(Path(os.fspath(output_path)), stored, resume, layout, samples)
         if output_memory == "disk":
             target.check(problem)
         return target
 
     def check(self, problem: Problem) -> None:
+        """Check the place for `problem`'s outputs, once disk is chosen, before the attempt
+        that writes runs (and may donate the draws): then the digest of the call's inputs
+        (`_disk_output.inputs_digest`) is taken, which a resumed store must have."""
+        self.inputs = _disk_output.inputs_digest(
+            self.samples,
+            [spec.dtype for spec in problem.in_specs],
+            problem.every_const(),
+            f"{problem.fingerprint}|{problem.device.platform}",
+        )
         _disk_output.check_place(
             self.path,
             self.stored,

@@ -132,7 +132,8 @@ def sample_posterior_predictive(
             number; a list of points: `(chain, draw)` of one chain).
         output_path: the store's folder for "disk" (default: `configure_memory`'s); its
             group is "posterior_predictive" (or "predictions").
-        resume: continue a store that a run of the same call did not finish.
+        resume: continue a store that a run of the same call (draws, `random_seed`,
+            data) did not finish; needs a `random_seed`.
         matmul_precision: the precision of float32 products, as in
             `compute_log_likelihood`: "highest" (default) is float32's own on any device.
 
@@ -234,6 +235,12 @@ def _split(arguments: dict[str, Any]) -> tuple[dict[str, Any], Options]:
         raise ValueError(
             f"`sample_dims` must be a sequence of dimension names, got {sample_dims!r}. Pass, "
             'for example, `sample_dims=["chain", "draw"]`.'
+        )
+    if options.engine.get("resume") and pymc_args.get("random_seed") is None:
+        raise ValueError(
+            "`resume=True` needs the `random_seed` of the call that wrote the store: without "
+            "one, each call draws from a new seed, whose draws cannot continue the store's. "
+            "Pass the same `random_seed` (and draws) as that call."
         )
     return pymc_args, options
 

@@ -241,7 +241,7 @@ class Problem:
 
 
 _ANALYSES = FunctionCache(per_function=8)
-#: What a trace of one draw gives, keyed on one draw's shapes (and the x64 setting): the
+#: What a trace of one draw gives, keyed on one draw's shapes (and JAX's `settings`): the
 #: same for any number of chains and draws, and on any device (the shards of one call).
 _TRACES = FunctionCache(per_function=8)
 
@@ -269,18 +269,14 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
     if not isinstance(placement, Placement):
         placement = Placement(placement)
     in_specs = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in in_specs)
-    # The function's own constants trace to other dtypes under the other x64 setting, and
-    # its products to other precisions under another `jax.default_matmul_precision`.
-    # (getattr: jax 0.10's type stubs lack the attribute, jax 0.12's have it.)
-    precision = getattr(jax.config, "jax_default_matmul_precision")  # noqa: B009
-    x64 = (bool(jax.config.read("jax_enable_x64")), precision)
-    key = (in_specs, placement, x64)
+    jax_settings = settings()
+    key = (in_specs, placement, jax_settings)
     cached = _ANALYSES.get(jax_fn, key)
     if cached is not None:
         return cached
     lead = in_specs[0].shape[:2]
     per_draw = tuple(jax.ShapeDtypeStruct(s.shape[2:], s.dtype) for s in in_specs)
-    trace_key = (per_draw, x64)
+    trace_key = (per_draw, jax_settings)
     trace = _TRACES.get(jax_fn, trace_key)
     if trace is None:
         trace = _trace(jax_fn, per_draw)
@@ -302,11 +298,26 @@ def analyse(jax_fn: Callable, in_specs: Sequence[jax.ShapeDtypeStruct], placemen
     return problem
 
 
+def settings() -> tuple:
+    """JAX's settings that change what a traced function computes, beside its printed jaxpr:
+    its constants trace to other dtypes under the other x64 setting, its products to other
+    precisions under another `jax.default_matmul_precision`, and its random bits come out
+    otherwise under another PRNG implementation or `jax_threefry_partitionable`. Part of
+    every trace's key and fingerprint."""
+    config = jax.config  # getattr: jax 0.10's type stubs lack the attributes
+    return (
+        bool(jax.config.read("jax_enable_x64")),
+        getattr(config, "jax_default_matmul_precision"),  # noqa: B009
+        str(getattr(config, "jax_default_prng_impl")),  # noqa: B009
+        bool(getattr(config, "jax_threefry_partitionable")),  # noqa: B009
+    )
+
+
 def _trace(jax_fn: Callable, per_draw: Sequence[jax.ShapeDtypeStruct]) -> _Trace:
     closed = jax.make_jaxpr(lambda *xs: list(jax_fn(*xs)))(*per_draw)
     position = {id(v): i for i, v in enumerate(closed.jaxpr.invars)}
     consts = ";".join(f"{np.shape(c)}{getattr(c, 'dtype', '')}" for c in closed.consts)
-    fingerprint = f"{closed.jaxpr}|{consts}"
+    fingerprint = f"{closed.jaxpr}|{consts}|{settings()}"
     return _Trace(
         jaxpr=closed,
         forwarded=tuple(position.get(id(v)) for v in closed.jaxpr.outvars),

@@ -45,7 +45,7 @@ OPTION = "postprocessing_output_path"
 #: shapes are known): the draws were not kept.
 AFTER_SAMPLING = (
     "NUTS had run: its draws are not kept, and what this call wrote is removed. Sample "
-    "again with a store that has room."
+    "again with a place that can take the outputs."
 )
 
 

@@ -82,3 +82,22 @@ def test_the_analysis_follows_the_x64_setting():
         narrow = _problem.analyse(jax_fn, specs, device)
     assert wide.out_specs[0].dtype == np.float64
     assert narrow.out_specs[0].dtype == np.float32
+
+
+def test_a_program_follows_the_random_bits_setting():
+    """`jax_threefry_partitionable` changes the bits a key gives, not the printed jaxpr: a
+    program compiled under one setting is never run under the other."""
+    import jax
+    import numpy as np
+
+    def draw(key):
+        return (jax.random.normal(jax.random.wrap_key_data(key), (3,)),)
+
+    keys = np.stack(
+        [np.stack([np.array([0, 7 * i + c], np.uint32) for i in range(5)]) for c in range(2)]
+    )
+    for setting in (True, False, True):
+        with jax.threefry_partitionable(setting):
+            ours = pc.postprocess_samples(draw, [keys], None, "chunked", chunk_size=2)[0]
+            theirs = jax.vmap(jax.vmap(draw))(keys)[0]
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))

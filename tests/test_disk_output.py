@@ -147,6 +147,40 @@ def test_a_failed_run_is_incomplete_and_resume_finishes_it(tmp_path, monkeypatch
     assert_equal_to(again, expected)
 
 
+def test_each_chunk_is_on_the_disk_before_its_marker(tmp_path, monkeypatch):
+    """Before a chunk's marker: its chunk files and every folder up to the store, flushed
+    (`fsync`); the marker flushed before the next chunk; and before `complete`, every file
+    of the store, the root's metadata after it."""
+    events = []
+    fsync, mark = _disk_output._fsync, _disk_output._mark
+    monkeypatch.setattr(_disk_output, "_fsync", lambda p: (events.append(p), fsync(p))[1])
+    monkeypatch.setattr(
+        _disk_output, "_mark", lambda f, a, b: (events.append((a, b)), mark(f, a, b))[1]
+    )
+    path = tmp_path / "store"
+    pc.postprocess_samples(per_draw, draws(), output_memory="disk", output_path=path, chunk_size=10)
+    marks = [i for i, e in enumerate(events) if isinstance(e, tuple)]
+    assert [events[i] for i in marks] == [(a, a + 10) for a in range(0, 150, 10)]
+    before = 0
+    for i in marks:
+        a, _ = events[i]
+        chain, c = divmod(a, 50)
+        files = [
+            path / f"posterior/output_1/c/{chain}/{c // 10}/0",
+            path / f"posterior/output_2/c/{chain}/{c // 10}",
+        ]
+        synced = set(events[before:i])
+        for file in files:
+            assert file in synced, (a, file)
+            assert {p for p in file.parents if path in p.parents or p == path} <= synced
+        marker = path / _disk_output.MARKERS / f"{a}_{a + 10}"
+        assert events[i + 1] == marker and path / _disk_output.MARKERS in events[i + 2 : i + 4]
+        before = i + 1
+    stored = {f for f in path.rglob("*") if f.is_file()}
+    assert stored <= set(events[marks[-1] :])  # every file of the store, before `complete`
+    assert events[-2:] == [path / "zarr.json", path]  # the `complete` attribute, flushed
+
+
 def test_resume_refuses_outputs_of_other_inputs(tmp_path, monkeypatch):
     """Other draws of the same shapes, or other data (a constant of the function), would
     mix two calls' values in one store: refused before any work, the store unchanged."""
@@ -167,11 +201,34 @@ def test_resume_refuses_outputs_of_other_inputs(tmp_path, monkeypatch):
             pc.postprocess_samples(
                 fn, given, output_memory="disk", output_path=path, chunk_size=10, resume=True
             )
+    flipped = not jax.config.jax_threefry_partitionable
+    with jax.threefry_partitionable(flipped), pytest.raises(ValueError, match="JAX settings"):
+        pc.postprocess_samples(
+            per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True
+        )
     assert writes[0] == 0 and pc.open_outputs(path).items_written == 40
     outputs = pc.postprocess_samples(
         per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True
     )
     assert_equal_to(outputs, in_memory(raw))
+
+
+def test_the_inputs_digest_reads_values_as_the_program_does():
+    """Equal for the values the program reads, whatever their byte order, memory order or
+    place; another value, program or JAX version differs; a device array keeps no host
+    copy of its values (jax's own `np.asarray` would keep one on it)."""
+    x = np.arange(12.0).reshape(3, 4)
+    dtype = np.float64 if jax.config.read("jax_enable_x64") else np.float32
+    base = _disk_output.inputs_digest([x], [dtype], [], "f at 0x7f00")
+    on_device = jax.device_put(x)
+    same = [x.astype(">f8"), np.asfortranarray(x), on_device, x.astype(dtype)]
+    for given in same:
+        assert _disk_output.inputs_digest([given], [dtype], [], "f at 0x7f00") == base
+    assert getattr(on_device, "_npy_value", None) is None
+    assert _disk_output.inputs_digest([x], [dtype], [], "f at 0x7f11") == base  # an address
+    assert _disk_output.inputs_digest([x + 1], [dtype], [], "f at 0x7f00") != base
+    assert _disk_output.inputs_digest([x], [dtype], [x[:1]], "f at 0x7f00") != base
+    assert _disk_output.inputs_digest([x], [dtype], [], "g at 0x7f00") != base
 
 
 def test_resume_refuses_other_data_of_a_nested_program(tmp_path, monkeypatch):
@@ -568,12 +625,13 @@ def test_posterior_predictive_of_other_sample_dims_on_disk(
     ours = pc.sample_posterior_predictive(
         trace(post), **kwargs, output_memory="disk", output_path=path
     )
+    for name in ("events", "hits"):  # read from the store, lazily
+        variable = ours["posterior_predictive"][name].variable
+        assert "preferred_chunks" in variable.encoding and not variable._in_memory, name
     ours_, theirs_ = (as_dataset(x["posterior_predictive"]).copy() for x in (ours, theirs))
     for x in (ours_, theirs_):
         x.attrs.pop("created_at")  # when each was packed
     xr.testing.assert_identical(ours_.load(), theirs_)
-    for name in ("events", "hits"):
-        assert "preferred_chunks" in ours["posterior_predictive"][name].variable.encoding, name
     assert pc.open_outputs(path).complete
 
 
@@ -611,24 +669,27 @@ def test_posterior_predictive_on_disk_equals_the_route_in_memory(posthoc_models,
     )
     groups = (lambda x: list(x.children)) if test_posthoc.PYMC6 else (lambda x: x.groups())
     assert list(groups(ours)) == list(groups(theirs))
-    assert_like_pymc(ours["posterior_predictive"], theirs["posterior_predictive"])
     for name in ("events", "hits"):  # read from the store (its Zarr chunking), lazily
         variable = ours["posterior_predictive"][name].variable
-        assert "preferred_chunks" in variable.encoding, name
+        assert "preferred_chunks" in variable.encoding and not variable._in_memory, name
+    assert_like_pymc(ours["posterior_predictive"], theirs["posterior_predictive"])
     stored = pc.open_outputs(path)
     assert stored.complete
     assert set(stored.arrays) == {"posterior_predictive/events", "posterior_predictive/hits"}
-    # Resumed: the same seed reads the complete store; another seed's draws are other values.
-    resumed = pc.sample_posterior_predictive(
-        test_posthoc.idata_of(post), **kwargs, output_memory="disk", output_path=path, resume=True
-    )
-    assert_like_pymc(resumed["posterior_predictive"], theirs["posterior_predictive"])
-    kwargs["random_seed"] = 4
-    with pytest.raises(ValueError, match="computed from other inputs"):
-        pc.sample_posterior_predictive(
+
+    # Resumed: the same seed reads the complete store; another seed's draws are other
+    # values; without a seed, each call draws from a new one: nothing to continue.
+    def resume(seed):
+        return pc.sample_posterior_predictive(
             test_posthoc.idata_of(post),
-            **kwargs,
+            **(kwargs | {"random_seed": seed}),
             output_memory="disk",
             output_path=path,
             resume=True,
         )
+
+    assert_like_pymc(resume(3)["posterior_predictive"], theirs["posterior_predictive"])
+    for seed, refusal in [(4, "computed from other inputs"), (None, "needs the `random_seed`")]:
+        with pytest.raises(ValueError, match=refusal):
+            resume(seed)
+    assert pc.open_outputs(path).complete
