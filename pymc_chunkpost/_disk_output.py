@@ -3,7 +3,7 @@
 The device computes the chunks exactly as for outputs in host memory (`_host_output`, the
 same compiled `TO_HOST` step); only the sink differs: a landed chunk is handed to one writer
 thread, which writes it into the store's arrays at its region, while the device computes the
-next chunks.
+next chunks; a second thread flushes each written chunk to the disk and marks it.
 
 Layout (xarray's Zarr encoding of a DataTree, as pymc's `ZarrTrace` writes it): a Zarr v3
 group per InferenceData group (`posterior`, `log_likelihood`, ...), in it one array per
@@ -447,10 +447,15 @@ class DiskSink:
         must stay unchanged, e.g. views of the chunk's own buffers) for the writer."""
         self.writer.put((start + self.offset, stop + self.offset, self.computed, list(arrays)))
 
-    def _write_now(self, start: int, stop: int, which: Sequence[int], arrays: list) -> None:
+    def _write_now(self, start: int, stop: int, which: Sequence[int], arrays: list) -> set[Path]:
+        """Write the chunk's regions; returns the chunk files written (`_Writer` flushes
+        them, then marks the chunk)."""
         written: set[Path] = set()
         for j, x in zip(which, arrays):
             written |= _write_items(self.arrays[j], self.outputs[j], start, stop, x, self.files[j])
+        return written
+
+    def _flush_and_mark(self, start: int, stop: int, written: set[Path]) -> None:
         _sync(written, self.path)
         _mark(self.path / MARKERS, start, stop)  # after the data, on the disk: the chunk is whole
 
@@ -741,26 +746,49 @@ def _read_markers(folder: Path) -> list[tuple[int, int]]:
 
 
 class _Writer:
-    """One thread that writes queued chunks into the store, behind the landing. An error of
-    its own is raised by the next `put`, or by `close`."""
+    """Two threads behind the landing: one writes queued chunks into the store, the other
+    flushes each written chunk to the disk and then marks it (`DiskSink._flush_and_mark`),
+    while the first writes the next. An error of either is raised by the next `put`, or by
+    `close`.
+
+    Invariant: a chunk's marker follows its own flush, and the markers follow the chunks'
+    order; each queue holds at most `QUEUE_CHUNKS` chunks."""
 
     def __init__(self, sink: DiskSink) -> None:
         self.sink = sink
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self.written: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="chunkpost-disk", daemon=True)
+        self.flusher = threading.Thread(target=self._flush, name="chunkpost-sync", daemon=True)
         self.thread.start()
+        self.flusher.start()
 
     def _run(self) -> None:
         while True:
             item = self.queue.get()
             if item is None:
+                self.written.put(None)
                 return
             if self.error is None:
                 try:
-                    self.sink._write_now(*item)
+                    files = self.sink._write_now(*item)
+                    self.written.put((item[0], item[1], files))
                 except BaseException as error:  # noqa: BLE001 - raised on the caller's thread
                     self.error = error
+
+    def _flush(self) -> None:
+        failed = False  # a chunk written whole is flushed and marked after the writer's error
+        while True:
+            item = self.written.get()
+            if item is None:
+                return
+            if not failed:
+                try:
+                    self.sink._flush_and_mark(*item)
+                except BaseException as error:  # noqa: BLE001 - raised on the caller's thread
+                    failed = True
+                    self.error = self.error or error
 
     def put(self, item: tuple) -> None:
         if self.error is not None:
@@ -771,6 +799,7 @@ class _Writer:
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
+        self.flusher.join()
         if raise_error and self.error is not None:
             raise self.error
 

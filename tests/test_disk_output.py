@@ -295,7 +295,11 @@ def test_a_killed_run_never_reads_as_complete_and_resumes(tmp_path):
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     stored = pc.open_outputs(path)
-    assert not stored.complete and stored.items_written == 60
+    # Chunks 0-5 were written whole; a chunk is marked once flushed, behind the writes: the
+    # markers are those of the first chunks, none past them.
+    marked = sorted(_disk_output._read_markers(path / _disk_output.MARKERS))
+    assert not stored.complete and marked == [(a, a + 10) for a in range(0, len(marked) * 10, 10)]
+    assert stored.items_written == 10 * len(marked) <= 60
     raw = draws()
     outputs = pc.postprocess_samples(
         per_draw, raw, output_memory="disk", output_path=path, chunk_size=10, resume=True

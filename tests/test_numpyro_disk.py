@@ -234,7 +234,10 @@ def test_a_killed_run_never_reads_as_complete_and_resumes(posteriors, tmp_path):
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     stored = pc.open_outputs(path)
-    assert not stored.complete and stored.items_written == 12
+    # Chunks 0-2 were written whole; marked once flushed, behind the writes (none past them).
+    marked = sorted(_disk_output._read_markers(path / _disk_output.MARKERS))
+    assert not stored.complete and marked == [(a, a + 4) for a in range(0, len(marked) * 4, 4)]
+    assert stored.items_written == 4 * len(marked) <= 12
     model, args = MODELS["deterministic_sites"]
     draws = NumpyroPredictive(model, num_samples=24)(jax.random.PRNGKey(1), *args)
     draws = {"a": draws["a"]}
