@@ -286,7 +286,13 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     if np.any(np.abs(max_tail - min_tail)[regular] < _TINY):
         raise ValueError("All tail values are the same")  # arviz-stats' own error
     exp_cutoff = np.exp(cutoff)
-    k, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None])
+    if regular.all():
+        k, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None])
+    else:  # the other rows go to arviz-stats' own function below: not fitted here
+        k, sigma = np.full(n_obs, np.nan), np.full(n_obs, np.nan)
+        if regular.any():
+            values = np.exp(tail[regular]) - exp_cutoff[regular, None]
+            k[regular], sigma[regular] = _gpdfit_v1(values)
     fitted = np.flatnonzero(np.isfinite(k) & regular)
     delta = np.zeros((n_obs, tail_len))
     if fitted.size:
@@ -313,10 +319,21 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
 
 def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """arviz-stats' `_gpdfit` (unweighted) of every row of `ary` (sorted rows)."""
-    n_rows, n = ary.shape
-    m_est = 30 + int(n**0.5)
+    n = ary.shape[1]
     xstar = ary[:, int((n / 4 + 0.5) - 1)]  # first quartile of each row
-    far = xstar <= ary[:, 0]  # far from a GPD: ArviZ returns (nan, nan)
+    far = xstar <= ary[:, 0]  # far from a GPD: ArviZ returns (nan, nan), fitting nothing
+    if not far.any():
+        return _fit_v1(ary, xstar)
+    kappa, sigma = np.full(len(ary), np.nan), np.full(len(ary), np.nan)
+    near = ~far
+    if near.any():  # the others are not fitted, as in ArviZ (nor warn of what it never computes)
+        kappa[near], sigma[near] = _fit_v1(ary[near], xstar[near])
+    return kappa, sigma
+
+
+def _fit_v1(ary: np.ndarray, xstar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = ary.shape[1]
+    m_est = 30 + int(n**0.5)
     grid = 1 - np.sqrt(m_est / (np.arange(1, m_est + 1, dtype=float) - 0.5))
     b_ary = grid[None, :] / (_PRIOR_BS * xstar)[:, None]
     b_ary += (1 / ary[:, -1])[:, None]
@@ -333,7 +350,6 @@ def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     kappa = (n * kappa + _PRIOR_K * 0.5) / (n + _PRIOR_K)
     sigma = np.where(np.isnan(kappa), np.nan, sigma)
     kappa = np.where(np.isnan(kappa), np.inf, kappa)
-    kappa[far], sigma[far] = np.nan, np.nan
     return kappa, sigma
 
 

@@ -197,6 +197,29 @@ def test_psis_block_extreme_rows_equal_arviz():
     np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)
 
 
+def test_psis_block_irregular_rows_warn_of_nothing_arviz_does_not():
+    """Rows that go to ArviZ's own per-observation function (ties at the cutoff), and a row
+    whose tail's first quartile is its minimum (arviz-stats fits nothing there): ArviZ's
+    numbers, and no warning that ArviZ's `loo` would not give (a fit of those rows, whose
+    results were thrown away, warned of an invalid `log`)."""
+    rng = np.random.default_rng(5)
+    ll = rng.normal(-1, 0.5, size=(4, CHAINS * DRAWS))
+    ll[1] = np.round(ll[1])  # ties at the cutoff
+    ll[2] = np.round(ll[2] * 4) / 4
+    n_tail = int(np.ceil(min(ll.shape[1] / 5.0, 3 * ll.shape[1] ** 0.5)))
+    low = np.argsort(ll[3])[:n_tail]  # the tail: the lowest log-likelihoods
+    ll[3, low[: n_tail // 2]] = -5.0  # half of it tied
+    ll[3, low[n_tail // 2 :]] = np.linspace(-7.0, -5.5, n_tail - n_tail // 2)
+    elpd_i, lppd_i, k = _arviz_rows(ll, 1.0)
+    with warnings.catch_warnings():
+        if GENERATION == 1:  # ArviZ 0.x's own functions warn there themselves
+            warnings.simplefilter("error", RuntimeWarning)
+        result = _psis.psis_loo_block(ll, 1.0)
+    np.testing.assert_allclose(result.elpd_i, elpd_i, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(result.lppd_i, lppd_i, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)
+
+
 # --- pymc ---------------------------------------------------------------------------------
 
 
