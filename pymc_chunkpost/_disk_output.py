@@ -22,7 +22,8 @@ Invariants:
   every output's region of that chunk has been written and flushed to the disk (its chunk
   files and their folders `fsync`ed): the markers say which items were written whole. A
   run killed at any point, the machine's power cut included, leaves the markers of whole
-  chunks only (the marker itself is `fsync`ed before the next chunk is written).
+  chunks only. The markers are made in the chunks' order, each `fsync`ed before the next,
+  behind the writes (by up to `QUEUE_CHUNKS` chunks).
 - The root group's `chunkpost.complete` attribute becomes true last, after every chunk, the
   pass-through outputs, the coordinates and the consolidated metadata, all flushed to the
   disk first: a killed run never reads back as complete. The markers are removed after it
@@ -220,8 +221,8 @@ def inputs_digest(
     version.
     Equal for the same call in another process: an address printed in the program (a
     callable parameter's) is left out. None where some draws span processes (each process
-    holds only its own). Host copies are made one shard at a time and dropped (a
-    `jax.Array`'s own `np.asarray` would keep one on the array)."""
+    holds only its own). A device array is copied to the host shard by shard, into a copy
+    dropped once hashed (a `jax.Array`'s own `np.asarray` would keep one on the array)."""
     import jax
 
     if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in arrays):
