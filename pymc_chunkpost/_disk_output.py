@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from ._extras import require
+from ._problem import host_copy
 
 __all__ = [
     "DISK_CHUNK_BYTES",
@@ -222,7 +223,7 @@ def inputs_digest(
     Equal for the same call in another process: an address printed in the program (a
     callable parameter's) is left out. None where some draws span processes (each process
     holds only its own). A device array is copied to the host shard by shard, into a copy
-    dropped once hashed (a `jax.Array`'s own `np.asarray` would keep one on the array)."""
+    dropped once hashed (`host_copy`)."""
     import jax
 
     if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in arrays):
@@ -238,17 +239,12 @@ def inputs_digest(
 
 def _host_value(x: Any, dtype: Any) -> np.ndarray:
     """`x` on the host as a contiguous little-endian array of `dtype` (default its own; a
-    random key's data as they are), in a copy that `x` does not keep."""
+    random key's data as they are), in a copy that `x` does not keep (`host_copy`)."""
     import jax
 
     if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
-        x, dtype = jax.random.key_data(x), None
-    if isinstance(x, jax.Array):
-        host = np.empty(x.shape, x.dtype)
-        for shard in x.addressable_shards:
-            host[shard.index] = np.asarray(shard.data)  # `shard.data`: a new array each time
-        x = host
-    value = np.asarray(x)
+        dtype = None
+    value = host_copy(x)
     dtype = np.dtype(value.dtype if dtype is None else dtype).newbyteorder("<")
     return np.ascontiguousarray(value, dtype=dtype)
 

@@ -65,6 +65,7 @@ from ._compat import split_key_at, splits_key_at
 from ._disk_output import sample_dims
 from ._messages import warn
 from ._options import check_options
+from ._problem import host_copy
 from ._types import Plan
 
 __all__ = ["Predictive", "log_likelihood"]
@@ -1028,9 +1029,7 @@ def _fingerprint(value: Any) -> tuple:
 
 
 def _digest(value: Any) -> str:
-    if _is_key(value):
-        value = jax.random.key_data(value)
-    data = np.ascontiguousarray(np.asarray(value))
+    data = np.ascontiguousarray(host_copy(value))  # a random key's data; no copy kept on it
     return hashlib.blake2b(data.reshape(-1).view(np.uint8).data, digest_size=16).hexdigest()
 
 

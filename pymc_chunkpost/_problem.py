@@ -573,6 +573,20 @@ def locate(samples: Sequence, device: jax.Device | None) -> Placement:
     return Placement(jax.local_devices()[0])
 
 
+def host_copy(x: Any) -> np.ndarray:
+    """`x`'s values on the host (a random key's data), in a copy that `x` does not keep: a
+    `jax.Array`'s own `np.asarray` would keep one on the array for its lifetime. Read
+    shard by shard; `x`'s shards must all be in this process."""
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
+    host = np.empty(x.shape, x.dtype)
+    for shard in x.addressable_shards:
+        host[shard.index] = np.asarray(shard.data)  # `shard.data`: a new array each time
+    return host
+
+
 def _spans_processes(x) -> bool:
     return isinstance(x, jax.Array) and not x.is_fully_addressable
 

@@ -217,14 +217,27 @@ def test_the_inputs_digest_reads_values_as_the_program_does():
     """Equal for the values the program reads, whatever their byte order, memory order or
     place; another value, program or JAX version differs; a device array keeps no host
     copy of its values (jax's own `np.asarray` would keep one on it)."""
-    x = np.arange(12.0).reshape(3, 4)
+    x = np.arange(12.0).reshape(4, 3)
     dtype = np.float64 if jax.config.read("jax_enable_x64") else np.float32
     base = _disk_output.inputs_digest([x], [dtype], [], "f at 0x7f00")
-    on_device = jax.device_put(x)
+    devices = jax.devices("cpu")[:2]  # over two devices, jax's `np.asarray` copies and keeps
+
+    def on_devices():
+        mesh = jax.sharding.Mesh(np.array(devices), ("c",))
+        spec = jax.sharding.PartitionSpec("c" if len(devices) == 2 else None)
+        return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+
+    on_device = on_devices()
     same = [x.astype(">f8"), np.asfortranarray(x), on_device, x.astype(dtype)]
     for given in same:
         assert _disk_output.inputs_digest([given], [dtype], [], "f at 0x7f00") == base
     assert getattr(on_device, "_npy_value", None) is None
+    data = on_devices()  # numpyro's data, keyed by their digest, keep no copy either
+    pytest.importorskip("numpyro")
+    from pymc_chunkpost import _numpyro
+
+    assert _numpyro._digest(data) == _numpyro._digest(x)
+    assert getattr(data, "_npy_value", None) is None
     assert _disk_output.inputs_digest([x], [dtype], [], "f at 0x7f11") == base  # an address
     assert _disk_output.inputs_digest([x + 1], [dtype], [], "f at 0x7f00") != base
     assert _disk_output.inputs_digest([x], [dtype], [x[:1]], "f at 0x7f00") != base
