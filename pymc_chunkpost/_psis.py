@@ -286,13 +286,8 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     if np.any(np.abs(max_tail - min_tail)[regular] < _TINY):
         raise ValueError("All tail values are the same")  # arviz-stats' own error
     exp_cutoff = np.exp(cutoff)
-    if regular.all():
-        k, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None])
-    else:  # the other rows go to arviz-stats' own function below: not fitted here
-        k, sigma = np.full(n_obs, np.nan), np.full(n_obs, np.nan)
-        if regular.any():
-            values = np.exp(tail[regular]) - exp_cutoff[regular, None]
-            k[regular], sigma[regular] = _gpdfit_v1(values)
+    # The other rows go to arviz-stats' own function below: not fitted here.
+    k, sigma = _fit_rows(_gpdfit_v1, np.exp(tail) - exp_cutoff[:, None], regular)
     fitted = np.flatnonzero(np.isfinite(k) & regular)
     delta = np.zeros((n_obs, tail_len))
     if fitted.size:
@@ -317,21 +312,31 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     return BlockResult(elpd_i, k, lppd_i)
 
 
-def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """arviz-stats' `_gpdfit` (unweighted) of every row of `ary` (sorted rows)."""
-    n = ary.shape[1]
-    xstar = ary[:, int((n / 4 + 0.5) - 1)]  # first quartile of each row
-    far = xstar <= ary[:, 0]  # far from a GPD: ArviZ returns (nan, nan), fitting nothing
-    if not far.any():
-        return _fit_v1(ary, xstar)
+def _fit_rows(fit: Callable, ary: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`fit` (a pair of per-row results) of `ary`'s rows where `rows`, nan elsewhere: the
+    others are never computed (nor warn of what arviz-stats never computes)."""
+    if rows.all():
+        return fit(ary)
     kappa, sigma = np.full(len(ary), np.nan), np.full(len(ary), np.nan)
-    near = ~far
-    if near.any():  # the others are not fitted, as in ArviZ (nor warn of what it never computes)
-        kappa[near], sigma[near] = _fit_v1(ary[near], xstar[near])
+    if rows.any():
+        kappa[rows], sigma[rows] = fit(ary[rows])
     return kappa, sigma
 
 
-def _fit_v1(ary: np.ndarray, xstar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """arviz-stats' `_gpdfit` (unweighted) of every row of `ary` (sorted rows); (nan, nan)
+    for a row far from a GPD (its first quartile not above its minimum), fitting nothing
+    there, as arviz-stats."""
+    far = _first_quartile(ary) <= ary[:, 0]
+    return _fit_rows(_fit_v1, ary, ~far)
+
+
+def _first_quartile(ary: np.ndarray) -> np.ndarray:
+    return ary[:, int((ary.shape[1] / 4 + 0.5) - 1)]
+
+
+def _fit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    xstar = _first_quartile(ary)
     n = ary.shape[1]
     m_est = 30 + int(n**0.5)
     grid = 1 - np.sqrt(m_est / (np.arange(1, m_est + 1, dtype=float) - 0.5))
