@@ -188,6 +188,15 @@ class PlannerConfig:
             store 7.5 MiB, so it holds some 34 zoos' worth;
             `benchmarks/probes/heuristics_evidence.py store`).
 
+    Precision:
+        exact_product_terms: on `exact_product_platforms`, a float32 product at "highest"
+            precision that sums at most this many terms per result is computed as
+            multiplies and adds: float32's own rounding, and compiled as fast as JAX's
+            default precision, where "highest" (bfloat16 passes on a TPU) cost XLA 3.8 s
+            more to compile `loo`'s block program (a product of 3 terms).
+        exact_product_platforms: the platforms where that pays: a TPU's "highest" is
+            bfloat16 passes; a CPU's and a GPU's is float32's own product already.
+
     Tracing:
         eqns_per_run: the draws' tail mapped by `jax.vmap` costs about as much tracing as
             binding this many elementwise equations directly saves.
@@ -236,6 +245,8 @@ class PlannerConfig:
     psis_parts: int = 8
     trim_min_bytes: int = 32 * MiB
     store_max_bytes: int = 256 * MiB
+    exact_product_terms: int = 16
+    exact_product_platforms: tuple[str, ...] = ("tpu",)
     eqns_per_run: int = 4
 
     @property
@@ -290,6 +301,8 @@ EVIDENCE: dict[str, str] = {
     "populate_threads": "docs/host_output.md#fresh-host-pages",
     "trim_min_bytes": f"{_STRATEGIES}#heap-trim",
     "store_max_bytes": f"{_STRATEGIES}#executable-store-size",
+    "exact_product_terms": f"{_STRATEGIES}#small-float32-products-on-a-tpu",
+    "exact_product_platforms": f"{_STRATEGIES}#small-float32-products-on-a-tpu",
     "eqns_per_run": f"{_STRATEGIES}#elementwise-equations-per-run",
 }
 

@@ -12,6 +12,12 @@ rounding.
 Calls of nested jitted functions (`jnp` functions are jitted) are inlined, so that the
 products inside them are seen too; XLA inlines them anyway.
 
+With `exact_terms` (a TPU's, `_program.exact_product_terms`), a float32 product at
+"highest" precision of at most that many terms per result is computed as multiplies and
+adds (`_exact_product`): float32's own rounding, where a TPU's "highest" is bfloat16
+passes that XLA takes seconds to compile. Products inside other control flow (a scan, a
+loop, a `cond`, a custom derivative's call) are bound whole and keep theirs.
+
 Mapped over draws (`DrawFunction.over_draws`), an elementwise equation (a primitive that
 `jax.vmap` batches by binding it on the batched operands as they are) is bound on the draws'
 arrays directly; the other equations that read the draws, and everything that reads their
@@ -60,12 +66,15 @@ class DrawFunction:
     """The per-draw function of a closed jaxpr, with draw-major products (module docstring).
 
     Called on one draw's values, it returns the outputs at `outputs` (all by default);
-    `over_draws(n)` maps it over `n` leading draw axes.
+    `over_draws(n)` maps it over `n` leading draw axes. `exact_terms`: float32 products at
+    "highest" precision over at most this many terms are computed as multiplies and adds
+    (module docstring); 0: none.
     """
 
-    def __init__(self, closed: Any, outputs: Sequence[int] | None = None):
+    def __init__(self, closed: Any, outputs: Sequence[int] | None = None, exact_terms: int = 0):
         self.closed = closed
         self.outputs = None if outputs is None else tuple(outputs)
+        self.exact_terms = exact_terms
 
     def _select(self, outs: list) -> list:
         return outs if self.outputs is None else [outs[j] for j in self.outputs]
@@ -75,14 +84,15 @@ class DrawFunction:
         place of the jaxpr's own constants; the schedule is shared, not made again."""
         from jax.extend.core import ClosedJaxpr
 
-        bound = DrawFunction(ClosedJaxpr(self.closed.jaxpr, list(consts)), self.outputs)
+        closed = ClosedJaxpr(self.closed.jaxpr, list(consts))
+        bound = DrawFunction(closed, self.outputs, self.exact_terms)
         bound.__dict__["schedule"] = self.schedule
         return bound
 
     def __call__(self, *args: Any) -> list:
         closed = self.closed
         env = _env(closed, args, [True] * len(args))
-        _eval(closed.jaxpr.eqns, *env)
+        _eval(closed.jaxpr.eqns, *env, self.exact_terms)
         return self._select([_read(env[0], v) for v in closed.jaxpr.outvars])
 
     @functools.cached_property
@@ -101,19 +111,22 @@ class DrawFunction:
             batch = _draw_axes(args, n)
             closed = self.closed
             env = _env(closed, args, [True] * len(args))
-            _run_schedule(self.schedule, *env, n)
+            _run_schedule(self.schedule, *env, n, self.exact_terms)
             return self._select([_batched(env, v, batch) for v in closed.jaxpr.outvars])
 
         return mapped
 
 
-def draw_major_fun(closed: Any, outputs: Sequence[int] | None = None) -> DrawFunction:
+def draw_major_fun(
+    closed: Any, outputs: Sequence[int] | None = None, exact_terms: int = 0
+) -> DrawFunction:
     """`jax.extend.core.jaxpr_as_fun(closed)`, with the draw-major products described above.
 
     `closed` is the per-draw function's `ClosedJaxpr`; its inputs are the draw's values, its
     constants the model's data. `outputs`: the indices of the outputs to return.
+    `exact_terms`: see `DrawFunction`.
     """
-    return DrawFunction(closed, outputs)
+    return DrawFunction(closed, outputs, exact_terms)
 
 
 def _draw_axes(args: Sequence[Any], n: int) -> tuple[int, ...]:
@@ -179,16 +192,19 @@ def _call(eqn: Any, values: dict, depends: dict, evaluate: Callable) -> None:
         values[v], depends[v] = _read(inner_values, w), _reads_draw(inner_depends, w)
 
 
-def _eval(eqns: Sequence[Any], values: dict, depends: dict) -> None:
-    """Evaluate `eqns` on one draw, in place: each result, and whether it depends on the draw."""
+def _eval(eqns: Sequence[Any], values: dict, depends: dict, exact_terms: int = 0) -> None:
+    """Evaluate `eqns` on one draw, in place: each result, and whether it depends on the draw.
+    `exact_terms`: see `DrawFunction`."""
     for eqn in eqns:
         with eqn.ctx.manager:
             if _inner(eqn) is not None:
-                _call(eqn, values, depends, _eval)
+                _call(eqn, values, depends, functools.partial(_eval, exact_terms=exact_terms))
                 continue
             args = [_read(values, v) for v in eqn.invars]
             flags = [_reads_draw(depends, v) for v in eqn.invars]
-            if _swappable(eqn, flags):
+            if _is_exact_product(eqn, exact_terms):
+                outs = [_exact_product(args[0], args[1], eqn.params)]
+            elif _swappable(eqn, flags):
                 outs = [_swapped_dot(args[0], args[1], eqn.params)]
             else:
                 outs = _bind(eqn, args)
@@ -288,18 +304,20 @@ def _schedule(eqns: Sequence[Any], outvars: Sequence[Any], depends: dict[Any, bo
     return _Schedule(tuple(steps), tuple(tail), tail_outputs, elementwise, effects)
 
 
-def _run_schedule(schedule: _Schedule, values: dict, depends: dict, n: int) -> None:
+def _run_schedule(
+    schedule: _Schedule, values: dict, depends: dict, n: int, exact_terms: int = 0
+) -> None:
     """`_eval` over `n` leading draw axes, as `schedule` says: the values that depend on the
     draw carry them."""
     for step in schedule.steps:
         eqn = step.eqn
         if step.kind == "data":
-            _eval([eqn], values, depends)
+            _eval([eqn], values, depends, exact_terms)
             continue
         with eqn.ctx.manager:
             if step.kind == "call":
                 assert step.inner is not None
-                _call(eqn, values, depends, _scheduled(step.inner, n))
+                _call(eqn, values, depends, _scheduled(step.inner, n, exact_terms))
                 continue
             flags = [_reads_draw(depends, v) for v in eqn.invars]
             args = [_read(values, v) for v in eqn.invars]
@@ -307,16 +325,21 @@ def _run_schedule(schedule: _Schedule, values: dict, depends: dict, n: int) -> N
         for v, x in zip(eqn.outvars, outs):
             values[v], depends[v] = x, True
     if schedule.tail:
-        _map_run(schedule.tail, schedule.tail_outputs, values, depends, n)
+        _map_run(schedule.tail, schedule.tail_outputs, values, depends, n, exact_terms)
 
 
-def _scheduled(schedule: _Schedule, n: int) -> Callable:
+def _scheduled(schedule: _Schedule, n: int, exact_terms: int) -> Callable:
     """`_run_schedule` as the evaluator of a call's equations (`_call`)."""
-    return lambda _eqns, values, depends: _run_schedule(schedule, values, depends, n)
+    return lambda _eqns, values, depends: _run_schedule(schedule, values, depends, n, exact_terms)
 
 
 def _map_run(
-    eqns: Sequence[Any], outputs: Sequence[Any], values: dict, depends: dict, n: int
+    eqns: Sequence[Any],
+    outputs: Sequence[Any],
+    values: dict,
+    depends: dict,
+    n: int,
+    exact_terms: int = 0,
 ) -> None:
     """Evaluate `eqns` (each reads the draw) under one `jax.vmap` per draw axis, for their
     results `outputs`."""
@@ -331,7 +354,7 @@ def _map_run(
     def run(*args):
         inner_values = dict(zip(inputs, args))
         inner_depends = dict(zip(inputs, flags))
-        _eval(eqns, inner_values, inner_depends)
+        _eval(eqns, inner_values, inner_depends, exact_terms)
         return [inner_values[v] for v in outputs]
 
     mapped = _nested_vmap(run, n, [0 if flag else None for flag in flags])
@@ -403,3 +426,53 @@ def _swapped_dot(data, draw, params):
         return out
     permutation = tuple(range(n_draw, n_draw + n_data)) + tuple(range(n_draw))
     return lax.transpose(out, permutation)
+
+
+def _is_exact_product(eqn: Any, limit: int) -> bool:
+    """Whether `eqn` is a float32 `dot_general` at "highest" precision that sums at most
+    `limit` terms per result. A product traced without a precision lowers at XLA's
+    default whatever JAX's setting is later: not one (the routes trace under the precision
+    they ask for, which the product then records)."""
+    if limit < 1 or eqn.primitive.name != "dot_general":
+        return False
+    params = eqn.params
+    lhs, rhs = (v.aval for v in eqn.invars)
+    if lhs.dtype != np.float32 or rhs.dtype != np.float32:
+        return False
+    if params.get("preferred_element_type") not in (None, np.dtype(np.float32)):
+        return False
+    if params.get("out_sharding") is not None:
+        return False
+    (lhs_contract, _), _ = params["dimension_numbers"]
+    terms = int(np.prod([lhs.shape[d] for d in lhs_contract]))
+    if not 1 <= terms <= limit:
+        return False
+    precision = params.get("precision")
+    if precision is None:
+        return False
+    precisions = precision if isinstance(precision, tuple) else (precision,)
+    return all(p == lax.Precision.HIGHEST for p in precisions)
+
+
+def _exact_product(lhs, rhs, params):
+    """`dot_general(lhs, rhs, **params)` as float32 multiplies and adds, term by term in the
+    contraction's order: each product rounded once, as the float32 product it stands for,
+    where "highest" on a TPU splits the operands into bfloat16 passes (and costs XLA
+    seconds of compile). The result's layout is `dot_general`'s: batch, lhs's free, rhs's
+    free dimensions."""
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = params["dimension_numbers"]
+    lhs_free = [d for d in range(lhs.ndim) if d not in (*lhs_contract, *lhs_batch)]
+    rhs_free = [d for d in range(rhs.ndim) if d not in (*rhs_contract, *rhs_batch)]
+    batch = tuple(lhs.shape[d] for d in lhs_batch)
+    lhs_shape = tuple(lhs.shape[d] for d in lhs_free)
+    rhs_shape = tuple(rhs.shape[d] for d in rhs_free)
+    terms = int(np.prod([lhs.shape[d] for d in lhs_contract]))
+    left = lax.transpose(lhs, (*lhs_batch, *lhs_free, *lhs_contract))
+    left = left.reshape(batch + lhs_shape + (1,) * len(rhs_shape) + (terms,))
+    right = lax.transpose(rhs, (*rhs_batch, *rhs_free, *rhs_contract))
+    right = right.reshape(batch + (1,) * len(lhs_shape) + rhs_shape + (terms,))
+    out = None
+    for k in range(terms):
+        term = left[..., k] * right[..., k]
+        out = term if out is None else out + term
+    return out

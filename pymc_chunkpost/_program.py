@@ -116,6 +116,9 @@ class Request:
             key += (f"{self.lanes} lanes",)
         if self.vector_width:
             key += (f"vectors of {self.vector_width} bits",)
+        exact = exact_product_terms(problem)
+        if exact:  # the configuration in force, as `_binder` reads it
+            key += (f"exact products of up to {exact} terms",)
         return key
 
     def compiler_options(self) -> dict[str, Any]:
@@ -202,7 +205,9 @@ def _binder(jax_fn: Callable, problem: Problem) -> Binder:
         # The jaxpr without its constants: a program's closures must not hold the data.
         jaxpr = problem.jaxpr.jaxpr
         draw_fn = draw_major_fun(
-            ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)), problem.computed
+            ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)),
+            problem.computed,
+            exact_product_terms(problem),
         )
         return draw_fn.with_consts
     computed = problem.computed
@@ -212,6 +217,15 @@ def _binder(jax_fn: Callable, problem: Problem) -> Binder:
         return [outs[j] for j in computed]
 
     return lambda consts: per_draw
+
+
+def exact_product_terms(problem: Problem) -> int:
+    """The most terms of a float32 product at "highest" precision that the problem's device
+    computes as multiplies and adds (`PlannerConfig.exact_product_terms`); 0: none."""
+    config = current()
+    if problem.device.platform in config.exact_product_platforms:
+        return config.exact_product_terms
+    return 0
 
 
 def const_sharding(problem: Problem) -> jax.sharding.Sharding:

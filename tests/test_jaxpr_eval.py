@@ -367,3 +367,88 @@ def test_draw_axes_that_differ_are_an_error(every_equation_scheduled):
     mapped = draw_major_fun(closed).over_draws(1)
     with pytest.raises(ValueError, match="leading axes differ"):
         mapped(np.ones((1, 3), np.float32), np.arange(4, dtype=np.float32))
+
+
+# --- small float32 products at "highest" precision, as multiplies and adds ----------------
+
+
+def _primitives(fun, *args) -> set[str]:
+    """The primitives of `fun`'s jaxpr, nested ones included."""
+    names: set[str] = set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            names.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                for item in value if isinstance(value, tuple) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fun)(*args).jaxpr)
+    return names
+
+
+@pytest.mark.parametrize(
+    "lhs_shape, rhs_shape, numbers",
+    [
+        ((6, 3), (3,), (((1,), (0,)), ((), ()))),  # data times a vector
+        ((6, 3), (3, 5), (((1,), (0,)), ((), ()))),  # free dimensions on both sides
+        ((2, 3, 6), (6, 4, 3), (((1, 2), (2, 0)), ((), ()))),  # two contracted dimensions
+        ((4, 6, 3), (4, 3, 5), (((2,), (1,)), ((0,), (0,)))),  # a batch dimension
+    ],
+)
+def test_exact_product_is_the_product(lhs_shape, rhs_shape, numbers):
+    """Multiplies and adds give `dot_general`'s result, in its layout: in float64 to
+    rounding, in float32 within a float32 product's error of the float64 one."""
+    from jax import lax
+
+    from pymc_chunkpost._jaxpr_eval import _exact_product
+
+    lhs, rhs = RNG.normal(size=lhs_shape), RNG.normal(size=rhs_shape)
+    want = lax.dot_general(lhs, rhs, numbers)
+    got = _exact_product(lhs, rhs, {"dimension_numbers": numbers})
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-13, atol=1e-13)
+    got32 = _exact_product(
+        lhs.astype(np.float32), rhs.astype(np.float32), {"dimension_numbers": numbers}
+    )
+    assert got32.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(got32), np.asarray(want), rtol=0, atol=1e-5)
+
+
+def test_small_highest_float32_products_are_multiplies_and_adds():
+    """With `exact_terms`, a float32 product of at most that many terms at "highest"
+    precision has no `dot_general` left, over draws too; a longer one, one at JAX's default
+    precision and a float64 one keep theirs."""
+    data = RNG.normal(size=(50, 3)).astype(np.float32)
+    long = RNG.normal(size=(50, 20)).astype(np.float32)
+    short_draws = RNG.normal(size=(7, 3)).astype(np.float32)
+    long_draws = RNG.normal(size=(7, 20)).astype(np.float32)
+    short_spec = jax.ShapeDtypeStruct((3,), np.float32)
+    long_spec = jax.ShapeDtypeStruct((20,), np.float32)
+
+    def short_product(beta):
+        return [data @ beta]
+
+    def long_product(gamma):
+        return [long @ gamma]
+
+    with jax.default_matmul_precision("highest"):
+        closed = jax.make_jaxpr(short_product)(short_spec)
+        exact = draw_major_fun(closed, exact_terms=16)
+        assert "dot_general" not in _primitives(exact.over_draws(1), short_draws)
+        assert "dot_general" not in _primitives(jax.vmap(exact), short_draws)
+        got = jax.jit(exact.over_draws(1))(short_draws)[0]
+        longer = draw_major_fun(jax.make_jaxpr(long_product)(long_spec), exact_terms=16)
+        assert "dot_general" in _primitives(longer.over_draws(1), long_draws)
+    np.testing.assert_allclose(
+        np.asarray(got), short_draws.astype(float) @ data.T.astype(float), rtol=0, atol=1e-5
+    )
+    default = draw_major_fun(jax.make_jaxpr(short_product)(short_spec), exact_terms=16)
+    assert "dot_general" in _primitives(default.over_draws(1), short_draws)  # JAX's default
+    with jax.default_matmul_precision("highest"):
+        spec64 = jax.ShapeDtypeStruct((3,), np.float64)
+        float64 = draw_major_fun(jax.make_jaxpr(short_product)(spec64), exact_terms=16)
+        assert "dot_general" in _primitives(float64.over_draws(1), short_draws.astype(float))
+    assert draw_major_fun(closed).exact_terms == 0  # off unless asked

@@ -199,9 +199,10 @@ def test_psis_block_extreme_rows_equal_arviz():
 
 def test_psis_block_irregular_rows_warn_of_nothing_arviz_does_not():
     """Rows that go to ArviZ's own per-observation function (ties at the cutoff), and a row
-    whose tail's first quartile is its minimum (arviz-stats fits nothing there): ArviZ's
-    numbers, and no warning that ArviZ's `loo` would not give (a fit of those rows, whose
-    results were thrown away, warned of an invalid `log`)."""
+    whose tail's first quartile is its minimum (arviz-stats fits nothing there; half its
+    tail tied, it is a block row): ArviZ's numbers, and no warning that ArviZ's `loo` would
+    not give (a fit of those rows, whose results were thrown away, warned of an invalid
+    `log`)."""
     rng = np.random.default_rng(5)
     ll = rng.normal(-1, 0.5, size=(4, CHAINS * DRAWS))
     ll[1] = np.round(ll[1])  # ties at the cutoff
@@ -215,6 +216,36 @@ def test_psis_block_irregular_rows_warn_of_nothing_arviz_does_not():
         if GENERATION == 1:  # ArviZ 0.x's own functions warn there themselves
             warnings.simplefilter("error", RuntimeWarning)
         result = _psis.psis_loo_block(ll, 1.0)
+    np.testing.assert_allclose(result.elpd_i, elpd_i, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(result.lppd_i, lppd_i, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)
+
+
+def test_psis_block_ties_inside_the_tail_are_smoothed_with_the_block(monkeypatch):
+    """Tied draws inside a row's tail (float32's rounding makes them common) are smoothed
+    with the block, not by ArviZ's per-observation function (a Python loop that holds the
+    GIL, serialising the block's threads): ArviZ's numbers."""
+    rng = np.random.default_rng(6)
+    ll = rng.normal(-1, 0.5, size=(6, CHAINS * DRAWS))
+    n_tail = int(np.ceil(min(ll.shape[1] / 5.0, 3 * ll.shape[1] ** 0.5)))
+    for row in range(1, 6):  # the tail is the lowest log-likelihoods
+        tail = np.argsort(ll[row])[: n_tail - 1]  # strictly inside: none at the cutoff
+        ll[row, tail[1 :: row + 1]] = ll[row, tail[0 :: row + 1]][: len(tail[1 :: row + 1])]
+    ll32 = ll.astype(np.float32)
+    elpd_i, lppd_i, k = _arviz_rows(ll32.astype(float), 1.0)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a row with ties inside its tail went to ArviZ's own function")
+
+    if GENERATION == 0:
+        import arviz.stats.stats
+
+        monkeypatch.setattr(arviz.stats.stats, "_psislw", refused)
+    else:
+        from arviz_stats.base import array_stats
+
+        monkeypatch.setattr(array_stats, "_psislw", refused)
+    result = _psis.psis_loo_block(ll32, 1.0)
     np.testing.assert_allclose(result.elpd_i, elpd_i, rtol=0, atol=1e-8)
     np.testing.assert_allclose(result.lppd_i, lppd_i, rtol=0, atol=1e-12)
     np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)

@@ -138,3 +138,35 @@ def test_loo_defaults_to_highest(traced):
         warnings.simplefilter("ignore")
         pymc_chunkpost.loo(_as_posterior(idata), model)
     assert traced and all(_precisions(j) == {HIGHEST} for j in traced)
+
+
+def test_small_products_on_an_exact_product_platform_are_multiplies_and_adds(
+    configure, monkeypatch
+):
+    """Where the platform is one of `exact_product_platforms` (a TPU's; the CPU here, by
+    configuration), a float32 model's 3-term product at "highest" runs as multiplies and
+    adds, with pymc's numbers to float32's rounding; elsewhere the product stays a product."""
+    import pytensor
+
+    from pymc_chunkpost import _jaxpr_eval
+
+    with pytensor.config.change_flags(floatX="float32"):
+        model = models.data_regression(n_obs=50)
+        with model:
+            idata = _as_posterior(pm.sample_prior_predictive(draws=20, random_seed=1))
+        quiet = dict(model=model, progressbar=False, extend_inferencedata=False)
+        theirs = pm.compute_log_likelihood(idata, **quiet)["y"].values
+        calls = []
+        exact = _jaxpr_eval._exact_product
+        monkeypatch.setattr(_jaxpr_eval, "_exact_product", lambda *a: calls.append(1) or exact(*a))
+        clear_caches()
+        products = pymc_chunkpost.compute_log_likelihood(idata, **quiet)["y"].values
+        assert not calls  # the CPU is no exact-product platform by default
+        configure(exact_product_platforms=("cpu",))
+        clear_caches()
+        ours = pymc_chunkpost.compute_log_likelihood(idata, **quiet)["y"].values
+        assert calls
+    assert ours.dtype == theirs.dtype == np.float32
+    scale = np.abs(theirs).max()
+    assert np.abs(ours - theirs).max() / scale < 1e-6
+    assert np.abs(products - theirs).max() / scale < 1e-6
