@@ -195,13 +195,15 @@ def _blocks(
     total = n_leading * rest
     elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
     starts = list(range(0, n_leading - size, size)) + [n_leading - size]
-    workspace = Workspace(size * rest, n_samples)
     # Each observation is smoothed on its own: the block's rows in one part per core (up to
-    # `psis_parts`), each smoothed by a thread of its own (numpy releases the GIL), with the
-    # same numbers.
-    n_parts = max(1, min(cpu_cores(), current().psis_parts, size * rest))
+    # `psis_parts`), each smoothed by a thread of its own (numpy releases the GIL) in passes
+    # of `psis_rows_per_pass` rows, in the part's own workspace: the same numbers.
+    config = current()
+    n_parts = max(1, min(cpu_cores(), config.psis_parts, size * rest))
     bounds = np.linspace(0, size * rest, n_parts + 1).astype(int)
     parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    rows = max(1, min(config.psis_rows_per_pass, bounds[1] - bounds[0]))
+    workspaces = [Workspace(rows, n_samples) for _ in parts]
     # The engine computes the next block in a thread while this one is smoothed (numpy and
     # XLA release the GIL): at most two blocks' log-likelihood are alive at once.
     with (
@@ -214,8 +216,8 @@ def _blocks(
             if i + 1 < len(starts):
                 pending = pool.submit(_collected, block, starts[i + 1])
             offset = start * rest
-            smooth = _smoothed(values, workspace, reff)
-            for part, result in zip(parts, smoothing.map(smooth, parts)):
+            smooth = _smoothed(values, reff)
+            for part, result in zip(parts, smoothing.map(smooth, parts, workspaces)):
                 where = slice(offset + part.start, offset + part.stop)
                 elpd_i[where] = result.elpd_i
                 pareto_k[where] = result.pareto_k
@@ -224,12 +226,12 @@ def _blocks(
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
 
 
-def _smoothed(values: np.ndarray, workspace: Workspace, reff: float) -> Callable[[slice], Any]:
-    """PSIS of the block's observations at a slice: `values` is the engine's block,
-    `(draws, observations)`, read transposed by each part (no copy of the block)."""
+def _smoothed(values: np.ndarray, reff: float) -> Callable[[slice, Workspace], Any]:
+    """PSIS of the block's observations at a slice, in a workspace: `values` is the engine's
+    block, `(draws, observations)`, read transposed by each part (no copy of the block)."""
 
-    def smooth(rows: slice) -> Any:
-        return psis_loo_block(values[:, rows].T, reff, workspace.rows(rows))
+    def smooth(rows: slice, workspace: Workspace) -> Any:
+        return psis_loo_block(values[:, rows].T, reff, workspace)
 
     return smooth
 

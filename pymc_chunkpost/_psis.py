@@ -3,14 +3,16 @@
 ArviZ smooths one observation at a time in a Python loop (`arviz.stats.psislw` on 0.x,
 `arviz_stats`' `_psislw` on 1.x): 18.7 s of the 21.6 s of `loo` at 20,000 observations x
 4,000 draws. Here the same algorithm runs on a whole block, `(observations, draws)`, with
-numpy: the tail found by `argpartition` (O(draws)) instead of a full sort, the generalized
-Pareto fit of every observation at once. The smoothing is the installed ArviZ's, operation
-for operation (the same reductions over the same contiguous rows). Its two sums over every
-draw are rewritten where the block allows: `lppd_i` is reduced from the negated block
-(the block is read once, transposed from the engine's layout as it is), and
-`elpd_i` from the tail alone (off the tail, weight plus log-likelihood is the row's shift);
-a row with an infinite value, or one ArviZ's vectorised form cannot take, goes to ArviZ's
-own per-observation function, which reads it again.
+numpy, in passes of a few rows into small buffers reused pass after pass (`_passes`): each
+row is read once, from the engine's layout as it is, partitioned in place at its cutoff
+(O(draws), instead of a full sort), and only its tail, sorted, its maximum and cutoff, and
+two sums are kept. The generalized Pareto fit and the smoothing then run on every row's tail
+at once, each step the installed ArviZ's, operation for operation. ArviZ's sums over every
+draw are rewritten where the block allows: `lppd_i` is reduced from the negated row, the
+normaliser of the weights from the partitioned row's values at or below the cutoff and the
+smoothed tail, and `elpd_i` from the tail alone (off the tail, weight plus log-likelihood is
+the row's shift). A row with an infinite value or a nan, or one ArviZ's vectorised form
+cannot take, goes to ArviZ's own per-observation function, which reads it again.
 The results equal ArviZ's to rounding; `tests/test_loo.py` checks elpd_i within 1e-8 and k
 within 1e-6.
 
@@ -61,21 +63,19 @@ def arviz_generation() -> int:
 
 
 class Workspace:
-    """Host buffers of one block, reused by every block of a call: a fresh array of a block
-    costs its page faults every time (the allocator maps and unmaps arrays this large),
-    measured at as long as the arithmetic on it."""
+    """Host buffers of one pass of PSIS: `rows` (at least 1) observations x all draws,
+    float64, reused by every pass of a part of a block, and by one call at a time. A pass
+    reads that many rows of a block at once: its buffers (a few MiB) are read again at each
+    step of the pass, where a pass over a whole part streams tens of MiB through memory at
+    each step; and a fresh
+    array of a block costs its page faults every time (the allocator maps and unmaps arrays
+    this large), measured at as long as the arithmetic on it."""
 
-    def __init__(self, n_obs: int, n_samples: int):
-        self.weights = np.empty((n_obs, n_samples))  # the (smoothed) log weights
-        self.scratch = np.empty((n_obs, n_samples))  # exponentials, partitions
-        self.mask = np.empty((n_obs, n_samples), dtype=bool)  # the tail's draws
-
-    def rows(self, where: slice) -> Workspace:
-        """The buffers of the observations at `where`: views, contiguous, of these."""
-        part = object.__new__(Workspace)
-        for name in ("weights", "scratch", "mask"):
-            setattr(part, name, getattr(self, name)[where])
-        return part
+    def __init__(self, rows: int, n_samples: int):
+        if rows < 1:
+            raise ValueError(f"A PSIS workspace needs at least 1 row, got {rows}.")
+        self.weights = np.empty((rows, n_samples))  # -log_likelihood, then partitioned
+        self.scratch = np.empty((rows, n_samples))  # exponentials
 
 
 def psis_loo_block(
@@ -89,35 +89,81 @@ def psis_loo_block(
             is) and any float dtype (computed in float64, as ArviZ on a float64 matrix).
             Left unchanged.
         reff: relative efficiency, as ArviZ's `loo` takes it.
-        workspace: buffers of this block's shape to compute in; default new ones.
+        workspace: buffers to compute in, of any number of rows (the block is read that
+            many rows at a time: the same numbers), not in use by another call; default a
+            pass over the whole block.
 
     Returns:
         elpd_i, Pareto k and lppd_i, each of shape `(observations,)`.
     """
     log_likelihood = np.asarray(log_likelihood)
-    if workspace is None or workspace.weights.shape != log_likelihood.shape:
-        workspace = Workspace(*log_likelihood.shape)
+    n_obs, n_samples = log_likelihood.shape
+    if workspace is None or workspace.weights.shape[1] != n_samples:
+        workspace = Workspace(max(n_obs, 1), n_samples)
     return _GENERATIONS[arviz_generation()](log_likelihood, float(reff), workspace)
 
 
-def _shifted(
-    log_likelihood: np.ndarray, work: Workspace
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """ArviZ's first step, `-log_likelihood` less each row's maximum, in `work.weights`
-    (float64, contiguous rows, whatever the input's layout); that maximum; each row's log
-    mean likelihood, `logsumexp(log_likelihood) - log(draws)`, reduced from `-log_likelihood`
-    before the shift (so `low - x` is `log_likelihood - max(log_likelihood)` to one rounding,
-    as ArviZ's); and whether the row is finite (a row with an infinite log-likelihood, whose
-    sums are ArviZ's to make, is not)."""
-    n_samples = log_likelihood.shape[1]
-    x = np.negative(log_likelihood, out=work.weights)
-    top, low = x.max(axis=1), x.min(axis=1)
-    scratch = np.subtract(low[:, None], x, out=work.scratch)
-    np.exp(scratch, out=scratch)
+@dataclasses.dataclass
+class _Rows:
+    """What a pass keeps of each row: O(tail) values, the draws themselves left behind."""
+
+    top: np.ndarray  # max(-log_likelihood): ArviZ's shift
+    lppd: np.ndarray  # logsumexp(log_likelihood) - log(draws)
+    finite: np.ndarray  # no nan and no infinity in the row
+    cutoff: np.ndarray  # the shifted `tail + 1`-th largest value
+    tail: np.ndarray  # the shifted values above the partition, ascending: (rows, tail)
+    rest: np.ndarray  # logsumexp of the shifted values at or below the cutoff
+
+
+def _passes(log_likelihood: np.ndarray, tail_len: int, work: Workspace) -> _Rows:
+    """Each row's `_Rows`, in passes of `work`'s rows.
+
+    The row is ArviZ's `-log_likelihood` shifted by its maximum, `top`. `lppd` is reduced
+    from `-log_likelihood` in draw order before the shift (so `low - x` is
+    `log_likelihood - max(log_likelihood)` to one rounding, as ArviZ's). Then the row is
+    partitioned in place at its `tail + 1`-th largest value: the tail is the values above
+    it, sorted and shifted (as ArviZ's shifted values, sorted); `rest` sums the values at or
+    below it, shifted by it (its largest term is 1: the sum is at least 1, never lost to
+    underflow). With the tail
+    smoothed, `logaddexp(rest, logsumexp(tail))` is ArviZ's normaliser of the log weights,
+    to a few ulps (its terms summed in another order): no pass over the row after the
+    smoothing, and no index of the tail's draws.
+    """
+    n_obs, n_samples = log_likelihood.shape
+    kth = n_samples - tail_len - 1
+    rows = _Rows(
+        top=np.empty(n_obs),
+        lppd=np.empty(n_obs),
+        finite=np.empty(n_obs, dtype=bool),
+        cutoff=np.empty(n_obs),
+        tail=np.empty((n_obs, tail_len)),
+        rest=np.empty(n_obs),
+    )
+    size = len(work.weights)
+    # Non-finite rows (an infinity, a nan) compute nan and infinities here: ArviZ's own
+    # function smooths them (they are no regular rows), warning as it does.
     with np.errstate(invalid="ignore", divide="ignore"):
-        lppd = np.log(scratch.sum(axis=1)) - low + np.log(1 / n_samples)
-    x -= top[:, None]
-    return x, top, lppd, np.isfinite(top) & np.isfinite(low)
+        for start in range(0, n_obs, size):
+            where = slice(start, min(start + size, n_obs))
+            n = where.stop - where.start
+            x, scratch = work.weights[:n], work.scratch[:n]
+            np.negative(log_likelihood[where], out=x)
+            low = x.min(axis=1)
+            np.subtract(low[:, None], x, out=scratch)
+            np.exp(scratch, out=scratch)
+            rows.lppd[where] = np.log(scratch.sum(axis=1)) - low + np.log(1 / n_samples)
+            x.partition(kth, axis=1)  # in place: the draws' order is no longer needed
+            tail = np.sort(x[:, kth + 1 :], axis=1)
+            top = tail[:, -1]
+            rows.top[where] = top
+            rows.finite[where] = np.isfinite(top) & np.isfinite(low)
+            rows.tail[where] = tail - top[:, None]
+            below = x[:, kth]  # the largest value at or below the cutoff
+            rows.cutoff[where] = below - top
+            rest = np.subtract(x[:, : kth + 1], below[:, None], out=scratch[:, : kth + 1])
+            np.exp(rest, out=rest)
+            rows.rest[where] = np.log(rest.sum(axis=1)) + rows.cutoff[where]
+    return rows
 
 
 def _elpd(top: np.ndarray, lse: np.ndarray, delta: np.ndarray, n_samples: int) -> np.ndarray:
@@ -131,39 +177,6 @@ def _elpd(top: np.ndarray, lse: np.ndarray, delta: np.ndarray, n_samples: int) -
     tail = _logsumexp_rows(delta)
     rest = np.log(n_samples - n_tail) if n_samples > n_tail else -np.inf
     return np.logaddexp(rest, tail) - top - lse
-
-
-def _tail(
-    x: np.ndarray, tail_len: int, floor: float, work: Workspace
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each row's cutoff (its `tail_len + 1`-th largest value, at least `floor`), the
-    draws above it sorted ascending with their indices, and whether the row has exactly
-    `tail_len` such draws (a regular row; in the others, ties at the cutoff or the floor
-    leave fewer).
-
-    Ties within a tail are regular: ArviZ's sort orders tied draws its own way, but tied
-    draws have equal log-likelihoods (to the shift's rounding), so every pair (smoothed
-    weight, log-likelihood) and every result is the same. They are common in float32: 7.7%
-    of bench_loo's rows (`loo_irregular_cpu_float32_run1_py311.txt`)."""
-    n_obs, n_samples = x.shape
-    kth = n_samples - tail_len - 1
-    partitioned = work.scratch
-    np.copyto(partitioned, x)
-    partitioned.partition(kth, axis=1)  # in place: no (observations, draws) index array
-    cutoff = np.maximum(partitioned[:, kth], floor)
-    above = np.greater(x, cutoff[:, None], out=work.mask)
-    regular = np.count_nonzero(above, axis=1) == tail_len
-    rows = np.flatnonzero(regular)
-    if rows.size == n_obs:
-        tail_index = np.nonzero(above)[1].reshape(n_obs, tail_len)
-    else:
-        tail_index = np.zeros((n_obs, tail_len), dtype=np.intp)
-        tail_index[rows] = np.nonzero(above[rows])[1].reshape(rows.size, tail_len)
-    tail = np.take_along_axis(x, tail_index, axis=1)
-    order = np.argsort(tail, axis=1)
-    tail = np.take_along_axis(tail, order, axis=1)
-    tail_index = np.take_along_axis(tail_index, order, axis=1)
-    return cutoff, tail, tail_index, regular
 
 
 def summary(
@@ -198,33 +211,29 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     # largest, where M is this, and above log(tiny).
     tail_len = int(np.ceil(min(n_samples / 5.0, 3 * (n_samples / reff) ** 0.5)))
     cutoffmin = np.log(_TINY)
-    x, top, lppd_i, finite = _shifted(log_likelihood, work)
     k = np.full(n_obs, np.inf)
+    elpd_i, lppd_i = np.full(n_obs, np.nan), np.full(n_obs, np.nan)
     regular = np.zeros(n_obs, dtype=bool)
-    delta = np.zeros((n_obs, tail_len))
-    if 4 < tail_len < n_samples:
-        cutoff, tail, tail_index, regular = _tail(x, tail_len, cutoffmin, work)
-        regular &= finite
+    if 4 < tail_len < n_samples:  # otherwise ArviZ's function smooths every row
+        found = _passes(log_likelihood, tail_len, work)
+        cutoff = np.maximum(found.cutoff, cutoffmin)
+        regular = found.finite & (found.tail[:, 0] > cutoff)
         rows = np.flatnonzero(regular)
+        tail, delta = found.tail[rows], np.zeros((rows.size, tail_len))
         if rows.size:
             exp_cutoff = np.exp(cutoff[rows])
-            values = np.exp(tail[rows]) - exp_cutoff[:, None]
-            k_rows, sigma = _gpdfit_v0(values)
+            k_rows, sigma = _gpdfit_v0(np.exp(tail) - exp_cutoff[:, None])
             k[rows] = k_rows
             smoothed = _gpinv_v0(np.arange(0.5, tail_len) / tail_len, k_rows, sigma)
             smoothed = np.log(smoothed + exp_cutoff[:, None])
             fitted = np.isfinite(k_rows)
-            rows, smoothed = rows[fitted], smoothed[fitted]
             # Truncated at the largest raw weight, 0, as ArviZ's; the rest of a row is at
             # most its cutoff, itself at most 0.
-            smoothed[smoothed > 0] = 0
-            x[rows[:, None], tail_index[rows]] = smoothed
-            delta[rows] = smoothed - tail[rows]
-    # ArviZ's own logsumexp, computing in place in the workspace (its `copy=True` would
-    # allocate a block each call).
-    np.copyto(work.scratch, x)
-    lse = logsumexp(work.scratch, axis=1, copy=False)
-    elpd_i = _elpd(top, lse, delta, n_samples)
+            smoothed = np.minimum(smoothed[fitted], 0)
+            delta[fitted] = smoothed - tail[fitted]
+        lse = np.logaddexp(found.rest[rows], _logsumexp_rows(tail + delta))
+        elpd_i[rows] = _elpd(found.top[rows], lse, delta, n_samples)
+        lppd_i[rows] = found.lppd[rows]
     irregular = np.flatnonzero(~regular)
     if irregular.size:
         from arviz.stats.stats import _psislw
@@ -251,13 +260,22 @@ def _gpdfit_v0(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     weights = np.empty_like(b_ary)
     for j in range(m_est):
         weights[:, j] = 1 / np.exp(len_scale - len_scale[:, j : j + 1]).sum(axis=1)
-    weights[weights < 10 * _EPS] = 0.0  # ArviZ drops the negligible weights
-    weights /= weights.sum(axis=1, keepdims=True)
-    b_post = np.sum(b_ary * weights, axis=1)
+    b_post = _posterior_b(b_ary, weights)
     k_post = np.log1p(-b_post[:, None] * ary).mean(axis=1)
     sigma = -k_post / b_post
     k_post = (n * k_post + _PRIOR_K * 0.5) / (n + _PRIOR_K)
     return k_post, sigma
+
+
+def _posterior_b(b_ary: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """ArviZ's posterior mean of each row's `b` (both generations): the grid's points whose
+    weight is below `10 eps`, or nan, dropped, the others' weights normalised; 0 where no
+    point is left (ArviZ's sum over none)."""
+    keep = weights >= 10 * _EPS
+    weights = np.where(keep, weights, 0.0)
+    total = weights.sum(axis=1, keepdims=True)
+    np.divide(weights, total, out=weights, where=total > 0)
+    return np.sum(np.where(keep, b_ary, 0.0) * weights, axis=1)
 
 
 def _gpinv_v0(probs: np.ndarray, kappa: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -285,25 +303,28 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
         tail_len = int(np.floor(n_samples / 5))
     if tail_len < 5:
         raise ValueError("n_draws_tail must be at least 5")  # arviz-stats' own error
-    x, top, lppd_i, finite = _shifted(log_likelihood, work)
-    cutoff, tail, tail_index, regular = _tail(x, tail_len, -np.inf, work)
-    regular &= finite
+    found = _passes(log_likelihood, tail_len, work)
+    regular = found.finite & (found.tail[:, 0] > found.cutoff)
+    rows = np.flatnonzero(regular)
+    tail, cutoff = found.tail[rows], found.cutoff[rows]
     max_tail, min_tail = tail[:, -1], tail[:, 0]
-    if np.any(np.abs(max_tail - min_tail)[regular] < _TINY):
+    if np.any(np.abs(max_tail - min_tail) < _TINY):
         raise ValueError("All tail values are the same")  # arviz-stats' own error
     exp_cutoff = np.exp(cutoff)
-    # The other rows go to arviz-stats' own function below: not fitted here.
-    k, sigma = _fit_rows(_gpdfit_v1, np.exp(tail) - exp_cutoff[:, None], regular)
-    fitted = np.flatnonzero(np.isfinite(k) & regular)
-    delta = np.zeros((n_obs, tail_len))
+    k, elpd_i, lppd_i = np.full(n_obs, np.nan), np.full(n_obs, np.nan), np.full(n_obs, np.nan)
+    k_rows, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None])
+    k[rows] = k_rows
+    fitted = np.flatnonzero(np.isfinite(k_rows))
+    delta = np.zeros((rows.size, tail_len))
     if fitted.size:
         probs = np.arange(0.5, tail_len) / tail_len
-        smoothed = np.log(_gpinv_v1(probs, k[fitted], sigma[fitted], exp_cutoff[fitted]))
+        smoothed = np.log(_gpinv_v1(probs, k_rows[fitted], sigma[fitted], exp_cutoff[fitted]))
         cap = max_tail[fitted][:, None]
         smoothed = np.where(smoothed > cap, cap, smoothed)
-        x[fitted[:, None], tail_index[fitted]] = smoothed
         delta[fitted] = smoothed - tail[fitted]
-    elpd_i = _elpd(top, _logsumexp_rows(x, out=work.scratch), delta, n_samples)
+    lse = np.logaddexp(found.rest[rows], _logsumexp_rows(tail + delta))
+    elpd_i[rows] = _elpd(found.top[rows], lse, delta, n_samples)
+    lppd_i[rows] = found.lppd[rows]
     irregular = np.flatnonzero(~regular)
     if irregular.size:
         import importlib
@@ -353,9 +374,7 @@ def _fit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k_ary[:, j] = np.mean(np.log1p(-b_ary[:, j : j + 1] * ary), axis=1)
     len_scale = n * (np.log(-b_ary / k_ary) - k_ary - 1)
     w_theta = np.exp(len_scale - _logsumexp_rows(len_scale)[:, None])
-    w_theta[w_theta < 10 * _EPS] = 0.0
-    w_theta /= w_theta.sum(axis=1, keepdims=True)
-    b_post = np.sum(b_ary * w_theta, axis=1)
+    b_post = _posterior_b(b_ary, w_theta)
     kappa = np.mean(np.log1p(-b_post[:, None] * ary), axis=1)
     sigma = -kappa / b_post
     kappa = (n * kappa + _PRIOR_K * 0.5) / (n + _PRIOR_K)
@@ -388,7 +407,8 @@ def _logsumexp_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     shift = np.where(np.isfinite(top), top, 0.0)  # all -inf gives -inf; +inf gives +inf
     scratch = np.subtract(x, shift[:, None], out=out)
     np.exp(scratch, out=scratch)
-    return np.log(scratch.sum(axis=1)) + shift
+    with np.errstate(divide="ignore"):  # a row of -inf: -inf, as scipy's, without a warning
+        return np.log(scratch.sum(axis=1)) + shift
 
 
 _GENERATIONS: dict[int, Callable[[np.ndarray, float, Workspace], BlockResult]] = {
@@ -399,6 +419,7 @@ _GENERATIONS: dict[int, Callable[[np.ndarray, float, Workspace], BlockResult]] =
 
 def tail_rows_bytes(n_samples: int) -> int:
     """Bytes one observation takes beside its log-likelihood row while blocks are computed
-    and smoothed: the next block's row (computed meanwhile), the workspace's two rows and
-    its mask, and the tail's fit."""
+    and smoothed: the next block's row and the engine's temporaries while it is computed
+    (2 x 8 bytes a draw), the workspaces' two rows (2 x 8, at most: fewer where a block has
+    more observations than the workspaces have rows), and the tail's fit."""
     return 4 * 8 * n_samples + 8 * 64 * math.isqrt(max(n_samples, 1))

@@ -135,10 +135,12 @@ def cumulative(n: int = 60):
 # --- PSIS of a block ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("pass_rows", [None, 7])
 @pytest.mark.parametrize("reff", [1.0, 0.55])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_psis_block_equals_arviz(seed, reff):
-    """Heavy tails, ties (rounded values) and a constant column, against ArviZ's `loo`."""
+def test_psis_block_equals_arviz(seed, reff, pass_rows):
+    """Heavy tails, ties (rounded values) and a constant column, against ArviZ's `loo`; in
+    one pass, and in passes of 7 rows (the last one shorter)."""
     rng = np.random.default_rng(seed)
     n = 60
     scales = rng.gamma(1.0, 1.0, n)
@@ -147,7 +149,8 @@ def test_psis_block_equals_arviz(seed, reff):
     ll[..., 4] = np.round(ll[..., 4])
     reference = _arviz_loo(_idata({"a": rng.normal(size=(CHAINS, DRAWS))}, {"y": ll}), reff=reff)
     block = np.ascontiguousarray(ll.reshape(CHAINS * DRAWS, n).T)
-    result = _psis.psis_loo_block(block, reff)
+    workspace = None if pass_rows is None else _psis.Workspace(pass_rows, CHAINS * DRAWS)
+    result = _psis.psis_loo_block(block, reff, workspace)
     _, _, _, r_elpd_i, r_k = _numbers(reference)
     np.testing.assert_allclose(result.elpd_i, r_elpd_i, rtol=0, atol=1e-8)
     np.testing.assert_allclose(result.pareto_k, r_k, rtol=0, atol=1e-6)
@@ -192,6 +195,47 @@ def test_psis_block_extreme_rows_equal_arviz():
         result = _psis.psis_loo_block(ll, 1.0)
         elpd_i, lppd_i, k = _arviz_rows(ll, 1.0)
     assert np.isnan(elpd_i[0])  # the case under test: ArviZ's nan
+    np.testing.assert_allclose(result.elpd_i, elpd_i, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(result.lppd_i, lppd_i, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)
+
+
+def test_gpd_fit_drops_nan_grid_points_as_arviz():
+    """A tail whose first quartile is subnormal: the grid's `b` overflows, every grid
+    point's weight is nan, and ArviZ drops them all (k = 5 / (n + 10), sigma nan): the same
+    here, where nan weights were kept (k nan or inf)."""
+    ary = np.sort(np.r_[np.zeros(10), np.full(30, 5e-323), np.linspace(1e-300, 1, 60)])
+    if GENERATION == 0:
+        from arviz.stats.stats import _gpdfit
+
+        ours = _psis._gpdfit_v0
+    else:
+        from arviz_stats.base import array_stats
+
+        _gpdfit, ours = array_stats._gpdfit, _psis._gpdfit_v1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        k, sigma = _gpdfit(ary)
+        k_ours, sigma_ours = ours(ary[None])
+    assert np.isfinite(k) and np.isnan(sigma)  # the case under test
+    np.testing.assert_allclose(k_ours, [k], rtol=0, atol=1e-12)
+    assert np.isnan(sigma_ours).all()
+
+
+def test_psis_block_with_a_subnormal_tail_quartile_equals_arviz():
+    """A row whose top draw dominates its tail by about 700 nats (the tail's first quartile
+    subnormal): ArviZ's k, and its nan elpd_i (arviz-stats: the grid's weights all dropped
+    and sigma nan)."""
+    rng = np.random.default_rng(8)
+    ll = rng.normal(-1, 0.5, size=(3, CHAINS * DRAWS))
+    n_tail = 60  # arviz-stats' tail at 400 draws: 3 sqrt(400)
+    ll[1, :n_tail] = -1000 - np.r_[0, np.linspace(-760, -690, n_tail - 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        elpd_i, lppd_i, k = _arviz_rows(ll, 1.0)
+        result = _psis.psis_loo_block(ll, 1.0, _psis.Workspace(2, CHAINS * DRAWS))
+    if GENERATION == 1:
+        assert np.isnan(elpd_i[1])  # the case under test
     np.testing.assert_allclose(result.elpd_i, elpd_i, rtol=0, atol=1e-8)
     np.testing.assert_allclose(result.lppd_i, lppd_i, rtol=0, atol=1e-12)
     np.testing.assert_allclose(result.pareto_k, k, rtol=0, atol=1e-6)
@@ -401,13 +445,16 @@ def test_bad_input_raises_before_work():
 
 def test_memory_does_not_grow_with_observations(monkeypatch):
     """Under a fixed budget, 4x the observations: every block (what is alive besides the
-    O(N) results) has the same size, within the budget, and numpy's peak allocations
-    (tracemalloc sees them; XLA's own buffers it does not) grow by the O(N) results only."""
+    O(N) results) has the same size, within the budget, PSIS's buffers are made once a call
+    and hold at most a block's rows, and numpy's peak allocations (tracemalloc sees them;
+    XLA's own buffers it does not) grow by the O(N) results only."""
     import tracemalloc
+
+    from pymc_chunkpost._config import current
 
     budget = 4 * 2**20
     seen: list[int] = []  # the blocks' starts
-    workspaces: list[int] = []  # the observations of each call's block buffers
+    workspaces: list[int] = []  # the rows of each of a call's PSIS buffers
     collected, workspace = _loo._collected, _loo.Workspace
 
     def block_spy(block, start):
@@ -434,8 +481,11 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
             pymc_chunkpost.loo(idata, model, pointwise=True, memory_budget=budget)
             peaks[n] = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-        assert len(seen) > 1 and len(workspaces) == 1  # several blocks in one block's buffers
-        sizes[n] = workspaces[0]
+        assert len(seen) > 1  # several blocks, smoothed in the buffers made once
+        size = seen[1] - seen[0]
+        assert 1 <= len(workspaces) <= current().psis_parts
+        assert max(workspaces) <= current().psis_rows_per_pass and sum(workspaces) <= size
+        sizes[n] = size
     assert sizes[400] == sizes[1600] == _loo._block_size((10**6,), CHAINS * DRAWS, budget, None)
     assert sizes[400] * CHAINS * DRAWS * 8 * 6 <= budget
     per_observation = 64 * 8  # elpd_i, k, lppd_i, their DataArrays and the model's data

@@ -31,24 +31,26 @@ def main() -> None:
 
     import pymc_chunkpost
     from pymc_chunkpost import _loo, _psis
+    from pymc_chunkpost._config import current
 
     model, idata = build(args.rows)
     warnings.simplefilter("ignore")
     blocks, tails = [], []
-    smoothed, tail = _loo._smoothed, _psis._tail
+    smoothed, passes = _loo._smoothed, _psis._passes
 
-    def keep(values, workspace, reff):
+    def keep(values, reff):
         blocks.append(values)
-        return smoothed(values, workspace, reff)
+        return smoothed(values, reff)
 
-    def counted(x, tail_len, floor, work):
-        out = tail(x, tail_len, floor, work)
-        above = np.count_nonzero(x > out[0][:, None], axis=1)
-        tied = (np.diff(out[1], axis=1) <= 0).any(axis=1) & out[3]
-        tails.append((len(x), int(out[3].sum()), int((above != tail_len).sum()), int(tied.sum())))
-        return out
+    def counted(log_likelihood, tail_len, work):
+        rows = passes(log_likelihood, tail_len, work)
+        regular = rows.finite & (rows.tail[:, 0] > rows.cutoff)  # ArviZ 0.x's floor aside
+        tied = (np.diff(rows.tail, axis=1) <= 0).any(axis=1) & regular
+        at_cutoff = rows.finite & ~regular
+        tails.append((len(regular), int(regular.sum()), int(at_cutoff.sum()), int(tied.sum())))
+        return rows
 
-    _loo._smoothed, _psis._tail = keep, counted
+    _loo._smoothed, _psis._passes = keep, counted
     pymc_chunkpost.loo(idata, model, progressbar=False)
     n, regular, at_cutoff, tied = (sum(t[i] for t in tails) for i in range(4))
     print(
@@ -58,7 +60,7 @@ def main() -> None:
         flush=True,
     )
     block = np.ascontiguousarray(blocks[0].T)
-    work = _psis.Workspace(*block.shape)
+    work = _psis.Workspace(current().psis_rows_per_pass, block.shape[1])
     for label, values in ((f"{block.dtype} block", block), ("float64 copy", block.astype(float))):
         tails.clear()
         _psis.psis_loo_block(values, 1.0, work)

@@ -1,7 +1,9 @@
 """Where `pymc_chunkpost.loo`'s time goes: each block's engine call and each part's PSIS, as
-(start, end) seconds from the call's start, cold then warm in one process (bench_loo's model).
+(start, end) seconds from the call's start, cold then warm in one process (bench_loo's model);
+with `--profile`, the cold call's first block (its graph, compile and run, in the block
+thread) by cProfile, the functions of longest cumulative time.
 
-    python benchmarks/probes/loo_timeline.py [--rows 20000]
+    python benchmarks/probes/loo_timeline.py [--rows 20000] [--profile 30]
 """
 
 import argparse
@@ -18,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--profile", type=int, default=0, help="functions to print; 0: none")
     args = parser.parse_args()
     import jax
     from bench_loo import build
@@ -51,6 +54,19 @@ def main() -> None:
 
     for name in ("_collected", "psis_loo_block", "_LogpBlocks", "evaluate"):
         wrap(name)
+    profiles: list = []
+    if args.profile:
+        import cProfile
+
+        timed_block = _loo._collected
+
+        def profiled(*a, **k):
+            if profiles:
+                return timed_block(*a, **k)
+            profiles.append(cProfile.Profile())
+            return profiles[0].runcall(timed_block, *a, **k)
+
+        _loo._collected = profiled
     for phase in ("cold", "warm"):
         events.clear()
         origin[0] = time.perf_counter()
@@ -59,6 +75,12 @@ def main() -> None:
         for e in sorted(events, key=lambda e: e[2]):
             name, thread, start, end = e
             print(f"  {name:16} {thread:14} {start:.3f} {end:.3f} ({end - start:.3f})", flush=True)
+        if profiles and phase == "cold":
+            import pstats
+
+            pstats.Stats(profiles[0], stream=sys.stdout).sort_stats("cumulative").print_stats(
+                args.profile
+            )
 
 
 if __name__ == "__main__":
