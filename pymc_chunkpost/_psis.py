@@ -67,9 +67,8 @@ class Workspace:
     float64, reused by every pass of a part of a block, and by one call at a time. A pass
     reads that many rows of a block at once: its buffers (a few MiB) are read again at each
     step of the pass, where a pass over a whole part streams tens of MiB through memory at
-    each step; and a fresh
-    array of a block costs its page faults every time (the allocator maps and unmaps arrays
-    this large), measured at as long as the arithmetic on it."""
+    each step; and a fresh array of a block costs its page faults every time (the allocator
+    maps and unmaps arrays this large), measured at as long as the arithmetic on it."""
 
     def __init__(self, rows: int, n_samples: int):
         if rows < 1:
@@ -124,10 +123,9 @@ def _passes(log_likelihood: np.ndarray, tail_len: int, work: Workspace) -> _Rows
     partitioned in place at its `tail + 1`-th largest value: the tail is the values above
     it, sorted and shifted (as ArviZ's shifted values, sorted); `rest` sums the values at or
     below it, shifted by it (its largest term is 1: the sum is at least 1, never lost to
-    underflow). With the tail
-    smoothed, `logaddexp(rest, logsumexp(tail))` is ArviZ's normaliser of the log weights,
-    to a few ulps (its terms summed in another order): no pass over the row after the
-    smoothing, and no index of the tail's draws.
+    underflow). With the tail smoothed, `logaddexp(rest, logsumexp(tail))` is ArviZ's
+    normaliser of the log weights, to a few ulps (its terms summed in another order): no
+    pass over the row after the smoothing, and no index of the tail's draws.
     """
     n_obs, n_samples = log_likelihood.shape
     kth = n_samples - tail_len - 1
