@@ -164,6 +164,16 @@ def _passes(log_likelihood: np.ndarray, tail_len: int, work: Workspace) -> _Rows
     return rows
 
 
+def _regular(
+    found: _Rows, rows: np.ndarray, tail: np.ndarray, delta: np.ndarray, n_samples: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """elpd_i and lppd_i of the regular `rows`, whose tails `tail` were smoothed by `delta`
+    (0 where not fitted): the weights' normaliser is their sum at or below the cutoff and
+    the smoothed tail's."""
+    lse = np.logaddexp(found.rest[rows], _logsumexp_rows(tail + delta))
+    return _elpd(found.top[rows], lse, delta, n_samples), found.lppd[rows]
+
+
 def _elpd(top: np.ndarray, lse: np.ndarray, delta: np.ndarray, n_samples: int) -> np.ndarray:
     """Each row's `logsumexp(log_weights + log_likelihood)`, the log weights being the
     shifted `x` smoothed and normalised by `lse = logsumexp(x)`.
@@ -229,9 +239,7 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
             # most its cutoff, itself at most 0.
             smoothed = np.minimum(smoothed[fitted], 0)
             delta[fitted] = smoothed - tail[fitted]
-        lse = np.logaddexp(found.rest[rows], _logsumexp_rows(tail + delta))
-        elpd_i[rows] = _elpd(found.top[rows], lse, delta, n_samples)
-        lppd_i[rows] = found.lppd[rows]
+        elpd_i[rows], lppd_i[rows] = _regular(found, rows, tail, delta, n_samples)
     irregular = np.flatnonzero(~regular)
     if irregular.size:
         from arviz.stats.stats import _psislw
@@ -320,9 +328,7 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
         cap = max_tail[fitted][:, None]
         smoothed = np.where(smoothed > cap, cap, smoothed)
         delta[fitted] = smoothed - tail[fitted]
-    lse = np.logaddexp(found.rest[rows], _logsumexp_rows(tail + delta))
-    elpd_i[rows] = _elpd(found.top[rows], lse, delta, n_samples)
-    lppd_i[rows] = found.lppd[rows]
+    elpd_i[rows], lppd_i[rows] = _regular(found, rows, tail, delta, n_samples)
     irregular = np.flatnonzero(~regular)
     if irregular.size:
         import importlib
@@ -397,13 +403,12 @@ def _gpinv_v1(
     return q
 
 
-def _logsumexp_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
     """`scipy.special.logsumexp(x, axis=1)`, in the plain max-shifted form (scipy 1.15+
-    takes 5x longer on a block): equal to it within a few ulps of the result. `out`: a
-    scratch array of `x`'s shape (may be `x`)."""
+    takes 5x longer on a block): equal to it within a few ulps of the result."""
     top = x.max(axis=1)
     shift = np.where(np.isfinite(top), top, 0.0)  # all -inf gives -inf; +inf gives +inf
-    scratch = np.subtract(x, shift[:, None], out=out)
+    scratch = np.subtract(x, shift[:, None])
     np.exp(scratch, out=scratch)
     with np.errstate(divide="ignore"):  # a row of -inf: -inf, as scipy's, without a warning
         return np.log(scratch.sum(axis=1)) + shift
