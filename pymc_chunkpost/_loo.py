@@ -32,6 +32,7 @@ import numpy as np
 
 from ._config import current
 from ._problem import cpu_cores
+from ._progress import counter
 from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
 from ._route import Options, evaluate
 
@@ -99,7 +100,7 @@ def loo(
             more compiles, same numbers.
         block_size: observations (along the variable's first axis) per block, instead of
             sizing it from `memory_budget`.
-        progressbar: show the engine's progress bar within each block.
+        progressbar: show a bar over the observations, moved as each block is smoothed.
         matmul_precision: the precision of float32 products, as in
             `compute_log_likelihood`: "highest" (default) is float32's own on any device.
 
@@ -121,7 +122,8 @@ def loo(
     generation = arviz_generation()
     scale_value = _scale_value(scale, generation)
     engine = {"memory_budget": memory_budget, "matmul_precision": matmul_precision}
-    options = Options(postprocessing_backend, postprocessing_vectorize, progressbar, engine)
+    # The engine's own bar (over one block's draws) is off: `progressbar` is loo's bar.
+    options = Options(postprocessing_backend, postprocessing_vectorize, False, engine)
     options.check()
     _check_block_size(block_size)
     posterior = _posterior(idata)
@@ -150,7 +152,8 @@ def loo(
         values, _ = evaluate(graph.block_function(start, size), arrays, options, label)
         return np.asarray(values[0])
 
-    elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff)
+    bar = _bar_label(name, progressbar)
+    elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff, bar)
     dims, coords = graph.dims_and_coords()
     return _result(
         elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, scale_value, generation
@@ -166,8 +169,10 @@ def _blocked(
     size: int,
     n_samples: int,
     reff: float,
+    bar: str | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-observation results over all blocks, each of `shape`.
+    """Per-observation results over all blocks, each of `shape`, with a progress bar over
+    the observations labelled `bar` (None: no bar).
 
     `block(start)` returns the log-likelihood of observations `[start, start + size)` along
     the first axis of `shape`, as `(chains, draws, size, *shape[1:])`. Every block has the
@@ -178,9 +183,15 @@ def _blocked(
     # milliseconds frozen). Unfrozen after, for Python's own collections.
     gc.freeze()
     try:
-        return _blocks(block, shape, size, n_samples, reff)
+        total = math.prod(shape)
+        with counter(total, bar or "", "obs", bar is not None) as progress:
+            return _blocks(block, shape, size, n_samples, reff, progress)
     finally:
         gc.unfreeze()
+
+
+def _bar_label(name: str, progressbar: bool) -> str | None:
+    return f"PSIS-LOO of {name!r}" if progressbar else None
 
 
 def _blocks(
@@ -189,6 +200,7 @@ def _blocks(
     size: int,
     n_samples: int,
     reff: float,
+    progress: Callable[[int], None],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_leading = shape[0] if shape else 1
     rest = math.prod(shape[1:]) if shape else 1
@@ -223,6 +235,7 @@ def _blocks(
                 pareto_k[where] = result.pareto_k
                 lppd_i[where] = result.lppd_i
             del values, smooth
+            progress(offset + size * rest)
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
 
 
@@ -596,7 +609,7 @@ def numpyro_loo(
     from ._numpyro import _as_chains_draws, _batch_shape, _check_callable, _log_likelihood_draw
 
     generation = arviz_generation()
-    options = Options(None, postprocessing_vectorize, progressbar, {"memory_budget": memory_budget})
+    options = Options(None, postprocessing_vectorize, False, {"memory_budget": memory_budget})
     options.check()
     _check_block_size(block_size)
     _check_callable(model, "model")
@@ -650,6 +663,7 @@ def numpyro_loo(
         values, _ = evaluate(per_draw, draws, options, label)
         return np.asarray(values[0])
 
-    elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff)
+    bar = _bar_label(name, progressbar)
+    elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff, bar)
     dims = [f"{name}_dim_{i}" for i in range(len(shape))]
     return _result(elpd_i, pareto_k, lppd_i, n_samples, name, dims, {}, pointwise, 1, generation)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["progress_bar", "on_chunk"]
+__all__ = ["counter", "progress_bar", "on_chunk"]
 
 _lock = threading.Lock()
 _active: list[Any] = []  # the tqdm bars open now, innermost last
@@ -28,6 +28,25 @@ def on_chunk(items_done: Any, n_items: Any) -> None:
             bar = _active[-1]
             if done > bar.n:
                 bar.update(done - bar.n)
+
+
+@contextlib.contextmanager
+def counter(total: int, desc: str, unit: str, enable: bool) -> Iterator[Callable[[int], None]]:
+    """A tqdm bar of `total` `unit`s while the body runs, if `enable`: the body moves it by
+    calling what it is given with the count done so far. No compiled loop's callback feeds
+    it (it is not among the active bars)."""
+    if not enable:
+        yield lambda done: None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True) as bar:
+
+        def moved(done: int) -> None:
+            if done > bar.n:
+                bar.update(done - bar.n)
+
+        yield moved
 
 
 @contextlib.contextmanager

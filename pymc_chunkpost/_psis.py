@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -44,6 +44,7 @@ _PRIOR_BS = 3  # ArviZ's GPD fit: the grid's scale from the first quartile
 _PRIOR_K = 10  # ArviZ's GPD fit: weight of the prior at k = 0.5
 _TINY = float(np.finfo(float).tiny)
 _EPS = float(np.finfo(float).eps)
+_CHUNK_ROWS = 16  # the fewest rows a step of the fit takes (a row: 64 KiB at 4,000 draws)
 
 
 @dataclasses.dataclass
@@ -230,7 +231,7 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
         tail, delta = found.tail[rows], np.zeros((rows.size, tail_len))
         if rows.size:
             exp_cutoff = np.exp(cutoff[rows])
-            k_rows, sigma = _gpdfit_v0(np.exp(tail) - exp_cutoff[:, None])
+            k_rows, sigma = _gpdfit_v0(np.exp(tail) - exp_cutoff[:, None], work.scratch)
             k[rows] = k_rows
             smoothed = _gpinv_v0(np.arange(0.5, tail_len) / tail_len, k_rows, sigma)
             smoothed = np.log(smoothed + exp_cutoff[:, None])
@@ -252,25 +253,58 @@ def _loo_v0(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
     return BlockResult(elpd_i, k, lppd_i)
 
 
-def _gpdfit_v0(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ArviZ 0.x's `_gpdfit` of every row of `ary` (sorted rows of one length)."""
+def _gpdfit_v0(ary: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ArviZ 0.x's `_gpdfit` of every row of `ary` (sorted rows of one length), computing
+    in `scratch` (C-contiguous float64, its values discarded)."""
     n_rows, n = ary.shape
     m_est = 30 + int(n**0.5)
     grid = 1 - np.sqrt(m_est / (np.arange(1, m_est + 1, dtype=float) - 0.5))
     b_ary = grid[None, :] / (_PRIOR_BS * ary[:, int(n / 4 + 0.5) - 1])[:, None]
     b_ary += (1 / ary[:, -1])[:, None]
-    k_ary = np.empty_like(b_ary)
-    for j in range(m_est):  # one grid point at a time: (rows, n) at most, never (rows, m, n)
-        k_ary[:, j] = np.log1p(-b_ary[:, j : j + 1] * ary).mean(axis=1)
+    k_ary = _log1p_means(b_ary, ary, scratch)
     len_scale = n * (np.log(-(b_ary / k_ary)) - k_ary - 1)
     weights = np.empty_like(b_ary)
-    for j in range(m_est):
-        weights[:, j] = 1 / np.exp(len_scale - len_scale[:, j : j + 1]).sum(axis=1)
+    # ArviZ's `1 / exp(len_scale - len_scale[:, None]).sum(axis=1)` of each row.
+    for rows, diff in _chunks(n_rows, (m_est, m_est), scratch):
+        np.subtract(len_scale[rows, None, :], len_scale[rows, :, None], out=diff)
+        np.exp(diff, out=diff)
+        np.divide(1, diff.sum(axis=2), out=weights[rows])
     b_post = _posterior_b(b_ary, weights)
     k_post = np.log1p(-b_post[:, None] * ary).mean(axis=1)
     sigma = -k_post / b_post
     k_post = (n * k_post + _PRIOR_K * 0.5) / (n + _PRIOR_K)
     return k_post, sigma
+
+
+def _log1p_means(b_ary: np.ndarray, ary: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """`mean(log1p(-b * ary))` over each row's tail `ary` at each of its grid points `b`,
+    `(rows, grid)`: ArviZ's `(grid, tail)` array of a row, reduced along the tail, for rows
+    at a time in `scratch` (both generations)."""
+    n_rows, m_est = b_ary.shape
+    k_ary = np.empty_like(b_ary)
+    for rows, x in _chunks(n_rows, (m_est, ary.shape[1]), scratch):
+        np.multiply(-b_ary[rows, :, None], ary[rows, None, :], out=x)
+        np.log1p(x, out=x)
+        np.mean(x, axis=2, out=k_ary[rows])
+    return k_ary
+
+
+def _chunks(
+    n_rows: int, shape: tuple[int, ...], scratch: np.ndarray
+) -> Iterator[tuple[slice, np.ndarray]]:
+    """Slices of `n_rows` rows, each with a buffer `(rows, *shape)`: in `scratch` (C-contiguous
+    float64) as many rows as it holds, or at least `_CHUNK_ROWS` rows in one fresh buffer.
+    Each numpy call on a large array lets the GIL go and takes it back, waiting up to
+    Python's switch interval (5 ms) while another thread runs Python (the next block's
+    graph, in `loo`): a call for many rows at a time, where ArviZ's loops over rows, and
+    over grid points, would wait as many times."""
+    per_row = math.prod(shape)
+    step = max(1, min(n_rows, max(scratch.size // per_row, _CHUNK_ROWS)))
+    size = step * per_row
+    buffer = scratch.reshape(-1) if size <= scratch.size else np.empty(size)
+    for start in range(0, n_rows, step):
+        stop = min(start + step, n_rows)
+        yield slice(start, stop), buffer[: (stop - start) * per_row].reshape(stop - start, *shape)
 
 
 def _posterior_b(b_ary: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -318,7 +352,7 @@ def _loo_v1(log_likelihood: np.ndarray, reff: float, work: Workspace) -> BlockRe
         raise ValueError("All tail values are the same")  # arviz-stats' own error
     exp_cutoff = np.exp(cutoff)
     k, elpd_i, lppd_i = np.full(n_obs, np.nan), np.full(n_obs, np.nan), np.full(n_obs, np.nan)
-    k_rows, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None])
+    k_rows, sigma = _gpdfit_v1(np.exp(tail) - exp_cutoff[:, None], work.scratch)
     k[rows] = k_rows
     fitted = np.flatnonzero(np.isfinite(k_rows))
     delta = np.zeros((rows.size, tail_len))
@@ -354,28 +388,26 @@ def _fit_rows(fit: Callable, ary: np.ndarray, rows: np.ndarray) -> tuple[np.ndar
     return kappa, sigma
 
 
-def _gpdfit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gpdfit_v1(ary: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """arviz-stats' `_gpdfit` (unweighted) of every row of `ary` (sorted rows); (nan, nan)
     for a row far from a GPD (its first quartile not above its minimum), fitting nothing
-    there, as arviz-stats."""
+    there, as arviz-stats. Computes in `scratch` (C-contiguous float64, values discarded)."""
     far = _first_quartile(ary) <= ary[:, 0]
-    return _fit_rows(_fit_v1, ary, ~far)
+    return _fit_rows(lambda rows: _fit_v1(rows, scratch), ary, ~far)
 
 
 def _first_quartile(ary: np.ndarray) -> np.ndarray:
     return ary[:, int((ary.shape[1] / 4 + 0.5) - 1)]
 
 
-def _fit_v1(ary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fit_v1(ary: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xstar = _first_quartile(ary)
     n = ary.shape[1]
     m_est = 30 + int(n**0.5)
     grid = 1 - np.sqrt(m_est / (np.arange(1, m_est + 1, dtype=float) - 0.5))
     b_ary = grid[None, :] / (_PRIOR_BS * xstar)[:, None]
     b_ary += (1 / ary[:, -1])[:, None]
-    k_ary = np.empty_like(b_ary)
-    for j in range(m_est):
-        k_ary[:, j] = np.mean(np.log1p(-b_ary[:, j : j + 1] * ary), axis=1)
+    k_ary = _log1p_means(b_ary, ary, scratch)
     len_scale = n * (np.log(-b_ary / k_ary) - k_ary - 1)
     w_theta = np.exp(len_scale - _logsumexp_rows(len_scale)[:, None])
     b_post = _posterior_b(b_ary, w_theta)

@@ -216,7 +216,7 @@ def test_gpd_fit_drops_nan_grid_points_as_arviz():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         k, sigma = _gpdfit(ary)
-        k_ours, sigma_ours = ours(ary[None])
+        k_ours, sigma_ours = ours(ary[None], np.empty(0))  # a buffer fits no row
     assert np.isfinite(k) and np.isnan(sigma)  # the case under test
     np.testing.assert_allclose(k_ours, [k], rtol=0, atol=1e-12)
     assert np.isnan(sigma_ours).all()
@@ -309,6 +309,22 @@ def test_hierarchical_equals_arviz(block_size):
     _assert_same(ours, reference)
     elpd_i = ours.loo_i if GENERATION == 0 else ours.elpd_i
     assert elpd_i.dims == ("obs",)
+
+
+def test_progressbar_is_one_bar_over_the_observations(capsys):
+    """`progressbar=True` shows one bar over the observations, at every one at the end
+    (the last block overlaps the one before: not counted twice), and no engine bar of a
+    block's draws."""
+    model, draws = hierarchical()
+    idata = _idata(draws)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Estimated shape parameter")
+        pymc_chunkpost.loo(idata, model, block_size=250, progressbar=True)
+        err = capsys.readouterr().err
+        pymc_chunkpost.loo(idata, model, block_size=250, progressbar=False)
+    assert "PSIS-LOO of 'y'" in err and "600/600" in err and "obs" in err
+    assert "Log-likelihood of" not in err and "draw" not in err
+    assert capsys.readouterr().err == ""
 
 
 def test_psis_parts_are_capped_and_give_the_same_numbers(monkeypatch):
@@ -497,7 +513,7 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
 
 
 @pytest.mark.parametrize("batch_ndims", [1, 2])
-def test_numpyro_equals_arviz(batch_ndims):
+def test_numpyro_equals_arviz(batch_ndims, capsys):
     numpyro = pytest.importorskip("numpyro")
     import jax.numpy as jnp
     import numpyro.distributions as dist
@@ -531,9 +547,18 @@ def test_numpyro_equals_arviz(batch_ndims):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ours = ours_numpyro.loo(
-            model, samples, x, y, batch_ndims=batch_ndims, pointwise=True, block_size=70
+            model,
+            samples,
+            x,
+            y,
+            batch_ndims=batch_ndims,
+            pointwise=True,
+            block_size=70,
+            progressbar=True,
         )
     _assert_same(ours, reference)
+    err = capsys.readouterr().err
+    assert "PSIS-LOO of 'y'" in err and "300/300" in err and "draw" not in err
 
 
 def test_compute_log_likelihood_memory_error_names_loo():
