@@ -473,7 +473,11 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
             disk=disk,
         )
         try:
-            idata = _run_pymc(original, args, kwargs, session)
+            with _pymc_session(session, kwargs):
+                # pymc's own, called from here: its warnings' `stacklevel` counts from this
+                # frame, as it would from pymc's own caller (a helper's frame would be named).
+                # None: pymc then neither warns that the option "will be removed" nor uses it.
+                idata = original(*args, postprocessing_vectorize=None, **kwargs)
             if not session.plans:
                 warnings.warn(
                     "pymc_chunkpost did not post-process this sampling run (was `unpatch()` "
@@ -503,12 +507,13 @@ def _make_sample_jax_nuts(original: Callable) -> Callable:
     return sample_jax_nuts
 
 
-def _run_pymc(original: Callable, args: tuple, kwargs: dict, session: _Session) -> Any:
-    """pymc's own `sample_jax_nuts`, its post-processing within `session`."""
+@contextlib.contextmanager
+def _pymc_session(session: _Session, kwargs: dict) -> Iterator[None]:
+    """pymc's own `sample_jax_nuts` (called with `kwargs`) in the body post-processes within
+    `session`; a known incompatibility's `TypeError` says what to do."""
     token = _session.set(session)
     try:
-        # None: pymc then neither warns that the option "will be removed" nor uses it.
-        return original(*args, postprocessing_vectorize=None, **kwargs)
+        yield
     except TypeError as error:
         if kwargs.get("nuts_sampler") == "blackjax" and (
             "unexpected keyword argument 'progress_bar'" in str(error)

@@ -361,6 +361,27 @@ def test_option_given_twice_raises(model, fake_nuts):
     assert fake_nuts == []
 
 
+@pytest.mark.parametrize("entry", ["pm.sample", "sample_numpyro_nuts"])
+def test_pymc_warnings_name_no_frame_of_ours(model, fake_nuts, entry):
+    """pymc's own FutureWarnings from its sampler (pymc 6: `log_likelihood` in
+    `idata_kwargs`) are those it gives unpatched, and never name one of pymc_chunkpost's
+    frames (pymc's `stacklevel` counts the patch's one frame: one frame below pymc's own
+    choice, never a helper of ours)."""
+
+    def caught(patched):
+        context = pymc_chunkpost.patched() if patched else contextlib.nullcontext()
+        with context, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _sample(entry, "numpyro", model, {})
+        return [w for w in caught if w.category is FutureWarning and REMOVED not in str(w.message)]
+
+    plain, patched = caught(False), caught(True)
+    if PYMC6:
+        assert plain, "control: pymc 6 warns that `log_likelihood` is deprecated"
+    assert sorted(str(w.message) for w in patched) == sorted(str(w.message) for w in plain)
+    assert not any("pymc_chunkpost" in w.filename for w in patched)
+
+
 def test_blackjax_progress_bar_error_names_the_pin(model, monkeypatch):
     upstream = TypeError("kernel() got an unexpected keyword argument 'progress_bar'")
 
