@@ -16,7 +16,11 @@ cache folder (`PYMC_CHUNKPOST_CACHE_DIR`): no executable an earlier cell stored 
 `--methods ours` runs ours alone (for sizes whose matrix does not fit the machine);
 `--check-subset K` then compares ours at K random observations with ArviZ's `loo` on their
 log-likelihood alone (the model of those observations, same posterior), recording the
-largest differences of elpd_i and k.
+largest differences of elpd_i and k. `--plot-from RECORD... --plot PNG` draws the records'
+peak RSS and seconds against the rows, ours beside the anchor, and runs nothing (from
+benchmarks/):
+
+    python bench_loo.py --plot ../docs/loo_memory.png --plot-from results/loo_memory_sweep_run1_*
 """
 
 from __future__ import annotations
@@ -185,7 +189,12 @@ def main() -> None:
         "ArviZ's loo on their log-likelihood alone",
     )
     parser.add_argument("--child", nargs=3, metavar=("ROWS", "METHOD", "SUBSET"))
+    parser.add_argument("--plot", type=Path, default=None, help="a PNG of --plot-from's records")
+    parser.add_argument("--plot-from", type=Path, nargs="+", default=[])
     args = parser.parse_args()
+    if args.plot is not None:
+        plot([json.loads(path.read_text()) for path in args.plot_from], args.plot)
+        return
     if args.child:
         print(json.dumps(child(int(args.child[0]), args.child[1], int(args.child[2]))))
         return
@@ -236,6 +245,63 @@ def main() -> None:
     record["table"] = table(cells)
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def plot(records: list[dict], path: Path, machine_gib: float = 24.0) -> None:
+    """Peak RSS above the start and seconds against the rows, ours and the anchor, from
+    `records` (one stack's), with the log-likelihood matrix's size and the machine's RAM."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [cell for record in records for cell in record["cells"]]
+    samples = records[0]["chains"] * records[0]["draws"]
+    versions = records[0]["versions"]
+    fig, (memory, seconds) = plt.subplots(1, 2, figsize=(10, 4))
+    styles = {"ours": ("pymc_chunkpost.loo", "C0", "o"), "anchor": ("anchor", "C3", "s")}
+    for method, (label, color, marker) in styles.items():
+        mine = sorted((c for c in cells if c["method"] == method), key=lambda c: c["rows"])
+        if method == "anchor":
+            label = "pm.compute_log_likelihood + ArviZ loo"
+        rows = [c["rows"] for c in mine]
+        memory.plot(
+            rows,
+            [c["peak_rss_above_start"] / 2**30 for c in mine],
+            marker=marker,
+            color=color,
+            label=label,
+        )
+        seconds.plot(rows, [c["seconds"] for c in mine], marker=marker, color=color, label=label)
+    every = sorted({c["rows"] for c in cells})
+    memory.plot(
+        every,
+        [8 * samples * n / 2**30 for n in every],
+        color="grey",
+        linestyle=":",
+        label=f"the matrix ({samples:,} draws, float64)",
+    )
+    memory.axhline(
+        machine_gib,
+        color="black",
+        linewidth=0.8,
+        linestyle="--",
+        label=f"the machine's RAM ({machine_gib:g} GiB)",
+    )
+    memory.set(
+        xscale="log", yscale="log", xlabel="observations", ylabel="peak RSS above start (GiB)"
+    )
+    seconds.set(xscale="log", yscale="log", xlabel="observations", ylabel="seconds, cold")
+    memory.set_ylim(0.3, 300)  # room above the lines for the legend
+    memory.legend(fontsize=8, loc="upper left")
+    seconds.legend(fontsize=8)
+    fig.suptitle(
+        f"PSIS-LOO, hierarchical regression: pymc {versions['pymc']}, arviz {versions['arviz']}, "
+        f"{records[0]['cpus']} CPUs",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def table(cells: list[dict]) -> str:
