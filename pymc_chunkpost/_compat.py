@@ -1,4 +1,4 @@
-"""Every workaround for a version of jax, jaxlib or XLA, each behind an explicit version check.
+"""Every workaround for a version of jax, jaxlib, XLA or pytensor, each behind an explicit check.
 
 The floor is jax 0.10 (`pyproject.toml`): CI tests jax and jaxlib 0.10.2 (Python 3.11, pymc
 5.28) and the newest for Python 3.12, now 0.12.1 (pymc 6.4). A workaround for a version below
@@ -24,6 +24,10 @@ changes) what it works around fails a test instead of keeping a stale workaround
    holds apart.
 8. `serialize_executable`'s pickled tuple gained a version and the constants in jax 0.12.1
    (`serialized_parts` reads both).
+9. pytensor 2.38 (pymc 5.28) converts `erfcx` and `erfcinv` to JAX through
+   tensorflow-probability, and raises without it (a `Censored` or `Truncated` normal's
+   log-density); pytensor 3 converts them with jax's own functions, and so does
+   `special_conversions`, for the ops the installed pytensor cannot convert.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "lapack_may_deadlock",
     "library_reductions",
     "serialized_parts",
+    "special_conversions",
     "split_key_at",
     "splits_key_at",
     "UNROLLED_THREEFRY",
@@ -338,3 +343,33 @@ def serialized_parts(loaded: Any) -> tuple[Any, list, bool, list]:
         _, unloaded, args_info, no_kwargs, constants = loaded
         return unloaded, args_info, no_kwargs, list(constants)
     raise ValueError("an executable serialized in a layout this package does not read")
+
+
+@functools.cache
+def special_conversions() -> dict[type, Any]:
+    """pytensor 3's JAX conversions of the scalar ops that the installed pytensor converts
+    through tensorflow-probability and cannot convert (it is not installed), as
+    `{op class: conversion}` for `jax_funcify.register`: `Erfcx` is jax's `erfcx`, `Erfcinv`
+    `-ndtri(x / 2) / sqrt(2)` (pytensor 3's own). Empty where pytensor converts them (3.x,
+    or 2.38 with tensorflow-probability)."""
+    import jax
+    from pytensor.link.jax.dispatch import jax_funcify
+    from pytensor.scalar import math as scalar_math
+
+    def erfcx(op: Any, **kwargs: Any) -> Any:
+        return jax.scipy.special.erfcx
+
+    def erfcinv(op: Any, **kwargs: Any) -> Any:
+        def erfcinv(x: Any) -> Any:
+            return -jax.scipy.special.ndtri(x / 2) / jax.numpy.sqrt(2)
+
+        return erfcinv
+
+    missing = {}
+    for name, conversion in (("erfcx", erfcx), ("erfcinv", erfcinv)):
+        op = getattr(scalar_math, name)  # pytensor's scalar op (made at import: untyped)
+        try:
+            jax_funcify(op)
+        except NotImplementedError:  # "Implementation is available if tfp-nightly is installed"
+            missing[type(op)] = conversion
+    return missing

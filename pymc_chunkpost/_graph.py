@@ -14,12 +14,19 @@ Two guarantees that pytensor's own JAX conversion does not give:
   as inputs: every random variable becomes a `_Draw` node, an Op of ours with its own JAX
   conversion. pytensor's global dispatch is not changed: other graphs keep pytensor's
   samplers.
+
+Where the installed pytensor cannot convert a special function that pytensor 3 converts
+(`_compat.special_conversions`: erfcx and erfcinv on pytensor 2.38 without
+tensorflow-probability), pytensor 3's conversion is registered while `funcify` converts a
+graph, nested graphs included, and pytensor's own is registered again after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +36,7 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.op import Op
 
-from ._compat import split_key_at, splits_key_at
+from ._compat import special_conversions, split_key_at, splits_key_at
 from ._samplers import sampler_for
 
 __all__ = ["jax_graph", "jaxify", "funcify", "random_function", "RandomFunction"]
@@ -144,9 +151,34 @@ def funcify(fgraph: FunctionGraph) -> Callable:
     """`fgraph` as a Python function of JAX arrays, every node in its declared dtype."""
     from pytensor.link.utils import fgraph_to_python
 
-    return fgraph_to_python(
-        fgraph, _strict_conversion, type_conversion_fn=_typify, fgraph_name="jax_graph"
-    )
+    with _special_conversions():
+        return fgraph_to_python(
+            fgraph, _strict_conversion, type_conversion_fn=_typify, fgraph_name="jax_graph"
+        )
+
+
+_registry_lock = threading.RLock()  # held while pytensor's dispatch holds our conversions
+
+
+@contextlib.contextmanager
+def _special_conversions() -> Any:
+    """`_compat.special_conversions` registered in pytensor's dispatch for the body, which
+    converts (every conversion is looked up as the function is built, none as it runs),
+    pytensor's own registered again after."""
+    conversions = special_conversions()
+    if not conversions:
+        yield
+        return
+    jax_funcify = _dispatch().jax_funcify
+    with _registry_lock:
+        own = {op: jax_funcify.dispatch(op) for op in conversions}
+        for op, conversion in conversions.items():
+            jax_funcify.register(op, conversion)
+        try:
+            yield
+        finally:
+            for op, conversion in own.items():
+                jax_funcify.register(op, conversion)
 
 
 def jax_graph(inputs: Sequence[Variable], outputs: Sequence[Variable]) -> FunctionGraph:

@@ -22,6 +22,7 @@ said by a warning.
 from __future__ import annotations
 
 import gc
+import importlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -117,7 +118,7 @@ def loo(
     """
     import pymc
 
-    from ._posthoc import _draws, _posterior
+    from ._posthoc import _draws, _posterior, _to_dataset
 
     generation = arviz_generation()
     scale_value = _scale_value(scale, generation)
@@ -154,7 +155,12 @@ def loo(
 
     bar = _bar_label(name, progressbar)
     elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff, bar)
-    dims, coords = graph.dims_and_coords()
+    # As `pm.compute_log_likelihood` names the matrix's: pymc's conversion of an array of
+    # its shape (zero-strided: no memory), its sample dims left out.
+    empty = np.broadcast_to(np.zeros(()), (*draws.sample_shape, *graph.shape))
+    dims, coords = _pointwise_dims(
+        _to_dataset(model, [name], [empty], draws, ("chain", "draw"))[name]
+    )
     return _result(
         elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, scale_value, generation
     )
@@ -366,17 +372,12 @@ class _LogpBlocks:
                 stacklevel=4,
             )
 
-    def dims_and_coords(self) -> tuple[list[str], dict[str, Any]]:
-        """The log-likelihood's dims and coords, as `pm.compute_log_likelihood` names them."""
-        dims = list(self.model.named_vars_to_dims.get(self.name, ()) or ())
-        if len(dims) != len(self.shape):
-            dims = [f"{self.name}_dim_{i}" for i in range(len(self.shape))]
-        coords = {
-            d: np.asarray(self.model.coords[d])
-            for d in dims
-            if self.model.coords.get(d) is not None
-        }
-        return dims, coords
+
+def _pointwise_dims(matrix: Any) -> tuple[list[str], dict[str, Any]]:
+    """The dims and coords of a log-likelihood `matrix` (a DataArray) after its two sample
+    dims: those of ArviZ's pointwise results."""
+    dims = [str(d) for d in matrix.dims[2:]]
+    return dims, {d: matrix.coords[d].values for d in dims if d in matrix.coords}
 
 
 def _lift_slices(fgraph: Any) -> None:
@@ -471,8 +472,6 @@ def _reff(posterior: Any, n_samples: int, generation: int) -> float:
 
         ess_p = ess(posterior, method="mean")
     else:
-        import importlib
-
         importlib.import_module("arviz_stats")  # registers the `azstats` accessor
 
         ess_p = posterior.azstats.ess(method="mean")
@@ -481,8 +480,6 @@ def _reff(posterior: Any, n_samples: int, generation: int) -> float:
 
 
 def _pointwise_default(generation: int) -> bool:
-    import importlib
-
     rc_params = importlib.import_module("arviz" if generation == 0 else "arviz_base").rcParams
     return bool(rc_params["stats.ic_pointwise"])
 
@@ -532,8 +529,6 @@ def _result(
         )
         result.attrs["log_weights"] = _LOG_WEIGHTS_NOTE
         return result
-    import importlib
-
     # arviz-stats' result type, imported by name (ArviZ 0.x has no arviz_stats).
     ELPDDataLOO = importlib.import_module("arviz_stats.utils").ELPDDataLOO  # noqa: N806
     result = ELPDDataLOO(
@@ -665,5 +660,14 @@ def numpyro_loo(
 
     bar = _bar_label(name, progressbar)
     elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff, bar)
-    dims = [f"{name}_dim_{i}" for i in range(len(shape))]
-    return _result(elpd_i, pareto_k, lppd_i, n_samples, name, dims, {}, pointwise, 1, generation)
+    # As ArviZ names numpyro's log-likelihood (`from_numpyro`, `from_dict`): its conversion
+    # of an array of the site's shape (zero-strided: no memory).
+    if generation == 0:
+        from arviz import dict_to_dataset
+    else:
+        dict_to_dataset = importlib.import_module("arviz_base").dict_to_dataset
+    empty = np.broadcast_to(np.zeros(()), (chains, n_draws, *shape))
+    dims, coords = _pointwise_dims(dict_to_dataset({name: empty})[name])
+    return _result(
+        elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, 1, generation
+    )

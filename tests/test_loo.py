@@ -22,22 +22,23 @@ from pymc_chunkpost import _loo, _psis  # noqa: E402
 
 GENERATION = _psis.arviz_generation()
 CHAINS, DRAWS = 4, 100
+SAMPLE = ("chain", "draw")
 
 
 # --- ArviZ's side -------------------------------------------------------------------------
 
 
-def _idata(posterior: dict, log_likelihood: dict | None = None):
+def _idata(posterior: dict, log_likelihood: dict | None = None, dims=None, coords=None):
     groups = {"posterior": posterior}
     if log_likelihood is not None:
         groups["log_likelihood"] = log_likelihood
     if GENERATION == 0:
         import arviz as az
 
-        return az.from_dict(**groups)
+        return az.from_dict(**groups, dims=dims, coords=coords)
     from arviz_base import from_dict
 
-    return from_dict(groups)
+    return from_dict(groups, dims=dims, coords=coords)
 
 
 def _arviz_loo(idata, **kwargs):
@@ -66,6 +67,11 @@ def _numbers(result) -> tuple[float, float, float, np.ndarray, np.ndarray]:
 def _assert_same(ours, reference) -> None:
     elpd, se, p, elpd_i, k = _numbers(ours)
     r_elpd, r_se, r_p, r_elpd_i, r_k = _numbers(reference)
+    for mine, theirs in ((elpd_i, r_elpd_i), (k, r_k)):  # ArviZ's dims and coords
+        assert mine.dims == theirs.dims
+        assert set(mine.coords) == set(theirs.coords)
+        for name in theirs.coords:
+            np.testing.assert_array_equal(mine.coords[name].values, theirs.coords[name].values)
     elpd_i, k, r_elpd_i, r_k = (np.asarray(a) for a in (elpd_i, k, r_elpd_i, r_k))
     np.testing.assert_allclose([elpd, se, p], [r_elpd, r_se, r_p], rtol=1e-9)
     assert elpd_i.shape == r_elpd_i.shape
@@ -82,7 +88,11 @@ def _reference(model, posterior: dict, var_name: str | None = None, **kwargs):
     log_likelihood = pm.compute_log_likelihood(
         idata, model=model, extend_inferencedata=False, progressbar=False
     )
-    full = _idata(posterior, {k: log_likelihood[k].values for k in log_likelihood.data_vars})
+    # The matrix as pymc names it: its dims and coords.
+    dims = {k: list(log_likelihood[k].dims[2:]) for k in log_likelihood.data_vars}
+    coords = {d: log_likelihood.coords[d].values for d in log_likelihood.dims if d not in SAMPLE}
+    values = {k: log_likelihood[k].values for k in log_likelihood.data_vars}
+    full = _idata(posterior, values, dims=dims, coords=coords)
     return idata, _arviz_loo(full, var_name=var_name, **kwargs)
 
 
@@ -108,12 +118,15 @@ def hierarchical(n: int = 600):
 
 
 def multivariate(n: int = 90):
-    """An MvNormal likelihood (one logp per row of 3) and a Student-t with a matrix value."""
+    """An MvNormal likelihood (one logp per row of 3) with dims on both axes (the matrix
+    keeps the first, with its coords), and a Student-t with a matrix value and no dims."""
     rng = np.random.default_rng(1)
-    with pm.Model() as model:
+    coords = {"row": [f"r{i}" for i in range(n)], "feature": ["a", "b", "c"]}
+    with pm.Model(coords=coords) as model:
         mu = pm.Normal("mu", shape=3)
         nu = pm.Gamma("nu", 5, 1)
-        pm.MvNormal("rows", mu, np.eye(3), observed=rng.normal(size=(n, 3)))
+        rows = rng.normal(size=(n, 3))
+        pm.MvNormal("rows", mu, np.eye(3), observed=rows, dims=("row", "feature"))
         pm.StudentT("cells", nu=nu, mu=mu, sigma=1.0, observed=rng.standard_t(4, size=(n, 3)))
     draws = {
         "mu": rng.normal(0, 0.2, (CHAINS, DRAWS, 3)),
@@ -365,6 +378,35 @@ def test_observed_data_of_unknown_shape_equals_arviz():
     _assert_same(ours, reference)
 
 
+@pytest.mark.parametrize("kind", ["censored", "truncated"])
+def test_censored_and_truncated_normal_equal_arviz(kind):
+    """A `Censored` normal (values at both bounds) and a `Truncated` one: their log-densities
+    use erfcx and erfcinv, which pytensor 2.38 converts to JAX only with
+    tensorflow-probability (`_compat.special_conversions`)."""
+    rng = np.random.default_rng(16)
+    n = 200
+    x = rng.normal(size=n)
+    with pm.Model() as model:
+        a, b, s = pm.Normal("a"), pm.Normal("b"), pm.HalfNormal("s")
+        mean = pm.Normal.dist(a + b * x, s)
+        if kind == "censored":
+            y = np.clip(0.3 + 0.8 * x + rng.normal(0, 0.7, n), -1.0, 1.5)
+            assert (y == -1.0).any() and (y == 1.5).any()  # the case under test
+            pm.Censored("y", mean, lower=-1.0, upper=1.5, observed=y)
+        else:
+            pm.Truncated("y", mean, lower=-1.0, observed=np.abs(rng.normal(0.5, 1, n)))
+    draws = {
+        "a": rng.normal(0.3, 0.05, (CHAINS, DRAWS)),
+        "b": rng.normal(0.8, 0.05, (CHAINS, DRAWS)),
+        "s": rng.gamma(50, 0.014, (CHAINS, DRAWS)),
+    }
+    idata, reference = _reference(model, draws)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Estimated shape parameter")
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=45)
+    _assert_same(ours, reference)
+
+
 @pytest.mark.parametrize("var_name", ["rows", "cells"])
 def test_several_observed_and_multivariate(var_name):
     model, draws = multivariate()
@@ -559,6 +601,60 @@ def test_numpyro_equals_arviz(batch_ndims, capsys):
     _assert_same(ours, reference)
     err = capsys.readouterr().err
     assert "PSIS-LOO of 'y'" in err and "300/300" in err and "draw" not in err
+
+
+_FLOAT32_NUMPYRO = """
+import json, warnings
+import numpy as np, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+from numpyro.infer import log_likelihood
+import pymc_chunkpost.numpyro as ours_numpyro
+assert not jax.config.jax_enable_x64  # the case under test: numpyro's default
+rng = np.random.default_rng(7)
+x, y = rng.normal(size=300), rng.normal(size=300)
+def model(x, y=None):
+    b = numpyro.sample("b", dist.Normal(0, 1))
+    s = numpyro.sample("s", dist.HalfNormal(1))
+    numpyro.sample("y", dist.Normal(b * x, s), obs=y)
+samples = {"b": jnp.asarray(rng.normal(0, 0.1, (4, 100)), jnp.float32),
+           "s": jnp.asarray(rng.gamma(50, 1 / 50, (4, 100)), jnp.float32)}
+ll = np.asarray(log_likelihood(model, samples, x, y, batch_ndims=2)["y"])
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    ours = ours_numpyro.loo(model, samples, x, y, batch_ndims=2, pointwise=True, block_size=70)
+k = ours.pareto_k.values
+elpd_i = (ours.loo_i if hasattr(ours, "loo_i") else ours.elpd_i).values
+draws = {name: np.asarray(v).tolist() for name, v in samples.items()}
+out = {"ll": ll.tolist(), "dtype": str(ll.dtype), "k": k.tolist(), "elpd_i": elpd_i.tolist()}
+print(json.dumps(out | draws))
+"""
+
+
+@pytest.mark.slow  # a fresh process: x64 off, as numpyro runs by default
+def test_numpyro_float32_is_smoothed_in_float64():
+    """NumPyro's default float32 log-likelihood: ours smooths it in float64, equal to ArviZ's
+    `loo` on the same values cast to float64; ArviZ's on the float32 matrix computes in
+    float32, and differs from both at float32's precision."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("numpyro")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_ENABLE_X64"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FLOAT32_NUMPYRO], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["dtype"] == "float32"
+    posterior = {"b": np.asarray(out["b"]), "s": np.asarray(out["s"])}
+    ll32 = np.asarray(out["ll"], dtype=np.float32)
+    in64 = _numbers(_arviz_loo(_idata(posterior, {"y": ll32.astype(np.float64)})))
+    in32 = _numbers(_arviz_loo(_idata(posterior, {"y": ll32})))
+    np.testing.assert_allclose(out["elpd_i"], np.asarray(in64[3]), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(out["k"], np.asarray(in64[4]), rtol=0, atol=1e-6)
+    # ArviZ's float32 arithmetic: within float32's precision, not float64's.
+    np.testing.assert_allclose(out["elpd_i"], np.asarray(in32[3]), rtol=0, atol=1e-5)
+    assert np.abs(np.asarray(out["k"]) - np.asarray(in32[4])).max() < 1e-2
 
 
 def test_compute_log_likelihood_memory_error_names_loo():
