@@ -26,8 +26,8 @@ changes) what it works around fails a test instead of keeping a stale workaround
    (`serialized_parts` reads both).
 9. pytensor 2.38 (pymc 5.28) converts `erfcx` and `erfcinv` to JAX through
    tensorflow-probability, and raises without it (a `Censored` or `Truncated` normal's
-   log-density); pytensor 3 converts them with jax's own functions, and so does
-   `special_conversions`, for the ops the installed pytensor cannot convert.
+   log-density); pytensor 3 converts them with jax's own functions (`special_conversions`,
+   used where pytensor 2's own conversion fails).
 """
 
 from __future__ import annotations
@@ -345,16 +345,16 @@ def serialized_parts(loaded: Any) -> tuple[Any, list, bool, list]:
     raise ValueError("an executable serialized in a layout this package does not read")
 
 
-@functools.cache
 def special_conversions() -> dict[type, Any]:
-    """pytensor 3's JAX conversions of the scalar ops that the installed pytensor converts
-    through tensorflow-probability and cannot convert (it is not installed), as
-    `{op class: conversion}` for `jax_funcify.register`: `Erfcx` is jax's `erfcx`, `Erfcinv`
-    `-ndtri(x / 2) / sqrt(2)` (pytensor 3's own). Empty where pytensor converts them (3.x,
-    or 2.38 with tensorflow-probability)."""
+    """pytensor 3's JAX conversions of the scalar ops that pytensor 2 converts only through
+    tensorflow-probability, as `{op class: conversion}`: `Erfcx` is jax's `erfcx`, `Erfcinv`
+    `-ndtri(x / 2) / sqrt(2)` (pytensor 3's own). For pytensor 2 alone; empty on 3."""
     import jax
-    from pytensor.link.jax.dispatch import jax_funcify
+    import pytensor
     from pytensor.scalar import math as scalar_math
+
+    if _release(pytensor.__version__) >= (3, 0):
+        return {}
 
     def erfcx(op: Any, **kwargs: Any) -> Any:
         return jax.scipy.special.erfcx
@@ -365,11 +365,6 @@ def special_conversions() -> dict[type, Any]:
 
         return erfcinv
 
-    missing = {}
-    for name, conversion in (("erfcx", erfcx), ("erfcinv", erfcinv)):
-        op = getattr(scalar_math, name)  # pytensor's scalar op (made at import: untyped)
-        try:
-            jax_funcify(op)
-        except NotImplementedError:  # "Implementation is available if tfp-nightly is installed"
-            missing[type(op)] = conversion
-    return missing
+    # pytensor's scalar ops, made at its import (untyped): their classes.
+    ops = {"erfcx": erfcx, "erfcinv": erfcinv}
+    return {type(getattr(scalar_math, name)): conversion for name, conversion in ops.items()}

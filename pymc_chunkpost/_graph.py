@@ -17,8 +17,8 @@ Two guarantees that pytensor's own JAX conversion does not give:
 
 Where the installed pytensor cannot convert a special function that pytensor 3 converts
 (`_compat.special_conversions`: erfcx and erfcinv on pytensor 2.38 without
-tensorflow-probability), pytensor 3's conversion is registered while `funcify` converts a
-graph, nested graphs included, and pytensor's own is registered again after.
+tensorflow-probability), pytensor 3's conversion is used while `funcify` converts a graph,
+nested graphs included; pytensor's dispatch is as it was after.
 """
 
 from __future__ import annotations
@@ -162,9 +162,10 @@ _registry_lock = threading.RLock()  # held while pytensor's dispatch holds our c
 
 @contextlib.contextmanager
 def _special_conversions() -> Any:
-    """`_compat.special_conversions` registered in pytensor's dispatch for the body, which
-    converts (every conversion is looked up as the function is built, none as it runs),
-    pytensor's own registered again after."""
+    """For the body, which converts (every conversion is looked up as the function is built,
+    none as it runs): each op of `_compat.special_conversions` converted by pytensor's own
+    conversion, or where that fails (tensorflow-probability missing or broken) by pytensor
+    3's; pytensor's own registered again after."""
     conversions = special_conversions()
     if not conversions:
         yield
@@ -173,12 +174,22 @@ def _special_conversions() -> Any:
     with _registry_lock:
         own = {op: jax_funcify.dispatch(op) for op in conversions}
         for op, conversion in conversions.items():
-            jax_funcify.register(op, conversion)
+            jax_funcify.register(op, _first_that_converts(own[op], conversion))
         try:
             yield
         finally:
             for op, conversion in own.items():
                 jax_funcify.register(op, conversion)
+
+
+def _first_that_converts(own: Callable, fallback: Callable) -> Callable:
+    def conversion(op: Any, **kwargs: Any) -> Any:
+        try:
+            return own(op, **kwargs)
+        except Exception:  # noqa: BLE001  # pytensor's needs tensorflow-probability
+            return fallback(op, **kwargs)
+
+    return conversion
 
 
 def jax_graph(inputs: Sequence[Variable], outputs: Sequence[Variable]) -> FunctionGraph:

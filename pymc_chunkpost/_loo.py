@@ -158,9 +158,10 @@ def loo(
     # As `pm.compute_log_likelihood` names the matrix's: pymc's conversion of an array of
     # its shape (zero-strided: no memory), its sample dims left out.
     empty = np.broadcast_to(np.zeros(()), (*draws.sample_shape, *graph.shape))
-    dims, coords = _pointwise_dims(
-        _to_dataset(model, [name], [empty], draws, ("chain", "draw"))[name]
-    )
+    with warnings.catch_warnings():  # of the draws' shape: ArviZ's loo gives none
+        warnings.simplefilter("ignore")
+        dataset = _to_dataset(model, [name], [empty], draws, ("chain", "draw"))
+    dims, coords = _pointwise_dims(dataset[name])
     return _result(
         elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, scale_value, generation
     )
@@ -662,12 +663,17 @@ def numpyro_loo(
     elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff, bar)
     # As ArviZ names numpyro's log-likelihood (`from_numpyro`, `from_dict`): its conversion
     # of an array of the site's shape (zero-strided: no memory).
-    if generation == 0:
-        from arviz import dict_to_dataset
-    else:
-        dict_to_dataset = importlib.import_module("arviz_base").dict_to_dataset
     empty = np.broadcast_to(np.zeros(()), (chains, n_draws, *shape))
-    dims, coords = _pointwise_dims(dict_to_dataset({name: empty})[name])
+    with warnings.catch_warnings():  # of the draws' shape: ArviZ's loo gives none
+        warnings.simplefilter("ignore")
+        if generation == 0:
+            from arviz import dict_to_dataset
+
+            dataset = dict_to_dataset({name: empty})
+        else:
+            arviz_base = importlib.import_module("arviz_base")
+            dataset = arviz_base.dict_to_dataset({name: empty}, sample_dims=["chain", "draw"])
+    dims, coords = _pointwise_dims(dataset[name])
     return _result(
         elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, 1, generation
     )

@@ -641,7 +641,11 @@ def test_numpyro_float32_is_smoothed_in_float64():
     pytest.importorskip("numpyro")
     env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_ENABLE_X64"}
     done = subprocess.run(
-        [sys.executable, "-c", _FLOAT32_NUMPYRO], capture_output=True, text=True, env=env
+        [sys.executable, "-c", _FLOAT32_NUMPYRO],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
