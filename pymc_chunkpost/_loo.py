@@ -21,6 +21,7 @@ said by a warning.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import math
@@ -41,6 +42,7 @@ __all__ = ["loo"]
 
 #: The default memory budget of `loo`: one block's log-likelihood and its smoothing.
 DEFAULT_BUDGET = 1 << 30
+SAMPLE_DIMS = ("chain", "draw")  # of the draws, as ArviZ's loo takes them
 _LOG_WEIGHTS_NOTE = (
     "pymc_chunkpost.loo leaves out the smoothed log_weights (draws x observations): they "
     "are never held in memory. Use ArviZ's loo on the full log-likelihood for them."
@@ -131,7 +133,7 @@ def loo(
     model = pymc.modelcontext(model)
     name = _observed_name(model, var_name)
     dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
-    draws = _draws(dataset, model, ("chain", "draw"), "idata.posterior")
+    draws = _draws(dataset, model, SAMPLE_DIMS, "idata.posterior")
     if draws is None:
         raise ValueError("`idata.posterior` has no draws: LOO needs (chain, draw) samples.")
     chains, n_draws = draws.sample_shape
@@ -155,13 +157,12 @@ def loo(
 
     bar = _bar_label(name, progressbar)
     elpd_i, pareto_k, lppd_i = _blocked(block, graph.shape, size, n_samples, reff, bar)
-    # As `pm.compute_log_likelihood` names the matrix's: pymc's conversion of an array of
-    # its shape (zero-strided: no memory), its sample dims left out.
-    empty = np.broadcast_to(np.zeros(()), (*draws.sample_shape, *graph.shape))
-    with warnings.catch_warnings():  # of the draws' shape: ArviZ's loo gives none
-        warnings.simplefilter("ignore")
-        dataset = _to_dataset(model, [name], [empty], draws, ("chain", "draw"))
-    dims, coords = _pointwise_dims(dataset[name])
+    # As `pm.compute_log_likelihood` names the matrix: pymc's own conversion.
+    dims, coords = _pointwise_dims(
+        name,
+        (*draws.sample_shape, *graph.shape),
+        lambda trace: _to_dataset(model, list(trace), list(trace.values()), draws, SAMPLE_DIMS),
+    )
     return _result(
         elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, scale_value, generation
     )
@@ -374,10 +375,18 @@ class _LogpBlocks:
             )
 
 
-def _pointwise_dims(matrix: Any) -> tuple[list[str], dict[str, Any]]:
-    """The dims and coords of a log-likelihood `matrix` (a DataArray) after its two sample
-    dims: those of ArviZ's pointwise results."""
-    dims = [str(d) for d in matrix.dims[2:]]
+def _pointwise_dims(
+    name: str, shape: tuple[int, ...], to_dataset: Callable[[dict], Any]
+) -> tuple[list[str], dict[str, Any]]:
+    """The dims and coords of ArviZ's pointwise results: those that `to_dataset`, the
+    library's own conversion of `{name: matrix}`, gives a log-likelihood matrix of `shape`
+    (`SAMPLE_DIMS` first) after its sample dims. The matrix converted is zero-strided (no
+    memory); the conversion's warnings about its shape are not the user's (ArviZ's `loo`
+    gives none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        matrix = to_dataset({name: np.broadcast_to(np.zeros(()), shape)})[name]
+    dims = [str(d) for d in matrix.dims[len(SAMPLE_DIMS) :]]
     return dims, {d: matrix.coords[d].values for d in dims if d in matrix.coords}
 
 
@@ -661,19 +670,14 @@ def numpyro_loo(
 
     bar = _bar_label(name, progressbar)
     elpd_i, pareto_k, lppd_i = _blocked(block, shape, size, n_samples, reff, bar)
-    # As ArviZ names numpyro's log-likelihood (`from_numpyro`, `from_dict`): its conversion
-    # of an array of the site's shape (zero-strided: no memory).
-    empty = np.broadcast_to(np.zeros(()), (chains, n_draws, *shape))
-    with warnings.catch_warnings():  # of the draws' shape: ArviZ's loo gives none
-        warnings.simplefilter("ignore")
-        if generation == 0:
-            from arviz import dict_to_dataset
-
-            dataset = dict_to_dataset({name: empty})
-        else:
-            arviz_base = importlib.import_module("arviz_base")
-            dataset = arviz_base.dict_to_dataset({name: empty}, sample_dims=["chain", "draw"])
-    dims, coords = _pointwise_dims(dataset[name])
+    # As ArviZ names numpyro's log-likelihood (`from_numpyro`, `from_dict`).
+    if generation == 0:
+        from arviz import dict_to_dataset
+    else:
+        dict_to_dataset = functools.partial(
+            importlib.import_module("arviz_base").dict_to_dataset, sample_dims=list(SAMPLE_DIMS)
+        )
+    dims, coords = _pointwise_dims(name, (chains, n_draws, *shape), dict_to_dataset)
     return _result(
         elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, 1, generation
     )
