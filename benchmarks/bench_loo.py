@@ -3,8 +3,10 @@ fresh process.
 
     python benchmarks/bench_loo.py --rows 20000 --json benchmarks/results/bench_loo_run1_py312.json
 
-The model is issue 59's: a hierarchical regression (40 groups, 3 features, `pm.Data`) with
-`--rows` observations, and a seeded 4 x 1000-draw posterior (no sampling). Methods: `ours`
+The model (`--model`) is issue 59's: a hierarchical regression (40 groups, 3 features,
+`pm.Data`) with `--rows` observations, and a seeded 4 x 1000-draw posterior (no sampling);
+or `logistic`, the same design with a Bernoulli likelihood (`logit_p`), whose parameter check
+`0 <= p <= 1` reads every observation. Methods: `ours`
 (`pymc_chunkpost.loo`, defaults: 1 GiB blocks) and `anchor` (`pm.compute_log_likelihood`,
 pymc's own with its default backend, then the installed ArviZ's `loo`: `arviz.loo` on 0.x,
 `arviz_stats.loo` on 1.x). Each (rows, method) runs in a fresh Python process: the model and
@@ -41,7 +43,14 @@ from _cell import run_child  # noqa: E402
 CHAINS, DRAWS, GROUPS = 4, 1000, 40
 
 
-def build(rows: int, subset=None):
+MODEL_NAMES = {
+    "hierarchical": "hierarchical regression",
+    "logistic": "hierarchical logistic regression",
+}
+MODELS = tuple(MODEL_NAMES)
+
+
+def build(rows: int, subset=None, family: str = "hierarchical"):
     """The model and its posterior as inference data (pymc 6: DataTree; 5: InferenceData);
     with `subset` (observation indices), the model of those observations alone, with the
     same posterior: its log-likelihood is the full model's at those columns."""
@@ -51,7 +60,10 @@ def build(rows: int, subset=None):
     rng = np.random.default_rng(0)
     x, group = rng.normal(size=(rows, 3)), rng.integers(0, GROUPS, rows)
     a_true = rng.normal(0, 1, GROUPS)
-    y = a_true[group] + x @ np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1, rows)
+    mean = a_true[group] + x @ np.array([0.5, -0.3, 0.2])
+    y = mean + rng.normal(0, 1, rows)
+    if family == "logistic":
+        y = (rng.random(rows) < 1 / (1 + np.exp(-mean))).astype(np.int64)
     if subset is not None:
         x, group, y = x[subset], group[subset], y[subset]
     with pm.Model(coords={"obs": range(len(y))}) as model:
@@ -59,7 +71,10 @@ def build(rows: int, subset=None):
         a = pm.Normal("a", shape=GROUPS)
         b = pm.Normal("b", shape=3)
         sigma = pm.HalfNormal("sigma")
-        pm.Normal("y", a[groups] + data @ b, sigma, observed=y, dims="obs")
+        if family == "logistic":
+            pm.Bernoulli("y", logit_p=a[groups] + data @ b, observed=y, dims="obs")
+        else:
+            pm.Normal("y", a[groups] + data @ b, sigma, observed=y, dims="obs")
     scale = 1 / np.sqrt(rows / GROUPS)
     posterior = {
         "a": a_true + rng.normal(0, scale, (CHAINS, DRAWS, GROUPS)),
@@ -88,7 +103,7 @@ def _status(field: str) -> int:
     raise KeyError(field)
 
 
-def check_subset(rows: int, result, n_subset: int) -> dict:
+def check_subset(rows: int, result, n_subset: int, family: str) -> dict:
     """ArviZ's `loo` on `n_subset` random observations' log-likelihood (from the model of
     those observations, same posterior) against ours at those observations: the largest
     differences of elpd_i and Pareto k."""
@@ -99,7 +114,7 @@ def check_subset(rows: int, result, n_subset: int) -> dict:
     import pymc as pm
 
     subset = np.sort(np.random.default_rng(1).choice(rows, n_subset, replace=False))
-    model, idata = build(rows, subset)
+    model, idata = build(rows, subset, family)
     pm.compute_log_likelihood(idata, model=model, progressbar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -120,13 +135,13 @@ def check_subset(rows: int, result, n_subset: int) -> dict:
     }
 
 
-def child(rows: int, method: str, n_subset: int = 0) -> dict:
+def child(rows: int, method: str, n_subset: int = 0, family: str = "hierarchical") -> dict:
     import gc
     import warnings
 
     import arviz
 
-    model, idata = build(rows)
+    model, idata = build(rows, family=family)
     generation = 0 if arviz.__version__.startswith("0.") else 1
     # Both libraries imported before the clock: the cold call is graph building,
     # compiling and running, not imports.
@@ -164,7 +179,7 @@ def child(rows: int, method: str, n_subset: int = 0) -> dict:
     seconds, cpu_seconds = time.perf_counter() - tic, time.process_time() - cpu
     peak = _status("VmHWM") - start
     elpd = float(result.elpd_loo if generation == 0 else result.elpd)
-    checked = check_subset(rows, result, n_subset) if n_subset and method == "ours" else {}
+    checked = check_subset(rows, result, n_subset, family) if n_subset and method == "ours" else {}
     return checked | {
         "rows": rows,
         "method": method,
@@ -188,7 +203,8 @@ def main() -> None:
         help="after ours, compare its elpd_i and k at this many random observations with "
         "ArviZ's loo on their log-likelihood alone",
     )
-    parser.add_argument("--child", nargs=3, metavar=("ROWS", "METHOD", "SUBSET"))
+    parser.add_argument("--model", choices=MODELS, default="hierarchical")
+    parser.add_argument("--child", nargs=4, metavar=("ROWS", "METHOD", "SUBSET", "MODEL"))
     parser.add_argument("--plot", type=Path, default=None, help="a PNG of --plot-from's records")
     parser.add_argument("--plot-from", type=Path, nargs="+", default=[])
     args = parser.parse_args()
@@ -196,7 +212,8 @@ def main() -> None:
         plot([json.loads(path.read_text()) for path in args.plot_from], args.plot)
         return
     if args.child:
-        print(json.dumps(child(int(args.child[0]), args.child[1], int(args.child[2]))))
+        rows, method, n_subset, family = args.child
+        print(json.dumps(child(int(rows), method, int(n_subset), family)))
         return
     import arviz
     import jax
@@ -209,7 +226,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="bench_loo_cache_") as cache:
                 cell = run_child(
                     __file__,
-                    ["--child", str(rows), method, str(args.check_subset)],
+                    ["--child", str(rows), method, str(args.check_subset), args.model],
                     env={"PYMC_CHUNKPOST_CACHE_DIR": cache},
                 )
             print(json.dumps(cell), flush=True)
@@ -223,6 +240,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "chains": CHAINS,
         "draws": DRAWS,
+        "model": args.model,
         "cells": cells,
     }
     for rows in args.rows:
@@ -238,7 +256,7 @@ def main() -> None:
             )
     record["header"] = (
         f"Python {platform.python_version()}, pymc {pymc.__version__}, jax {jax.__version__}, "
-        f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; hierarchical regression, "
+        f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; {MODEL_NAMES[args.model]}, "
         f"{CHAINS} x {DRAWS} draws; each cell cold in a fresh process with a fresh cache "
         "folder. Ours: `pymc_chunkpost.loo`; anchor: `pm.compute_log_likelihood` + ArviZ's `loo`."
     )

@@ -505,6 +505,7 @@ SECTIONS: list[Callable[[Path], str | None]] = [
     host_output_section,
     table_section("bench_predictive", "Posterior predictive"),
     table_section("bench_loo", "PSIS-LOO"),
+    table_section("loo_logistic_run", "PSIS-LOO of a logistic regression (parameter checks)"),
     table_section("bench_numpyro", "NumPyro models"),
     table_section("bench_sample_route", "pm.sample's own route, run again (parallel chains)"),
     table_section(

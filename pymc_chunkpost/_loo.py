@@ -9,14 +9,16 @@ one block, sized from the budget, plus O(observations) results.
 
 Blocks (pymc): the observed variable's elementwise log-density is sliced along its first
 axis, `logp[start:start + size]`, with `start` a constant of the block, before pytensor's
-rewrites: they lift the slice through elementwise operations and products into the data
-(`local_subtensor_lift`, `local_subtensor_of_dot`; `_lift_slice_of_take` for a parameter
-indexed by group) and fold the data's slices into constants. Every block has the same
-size (the last one overlaps the one before), so every block's program has the same jaxpr,
-its constants aside. Where the rewrites cannot push the slice to the data (checked on the
-block's jaxpr: no operation other than a slice may produce the whole first axis), each
-block computes the whole log-density and keeps its slice: the same numbers, more work,
-said by a warning.
+rewrites: they lift the slice through elementwise operations, products, reductions and
+joins into the data, and `_lift_slices` where they stop (a gather, a variable whose every
+use is the same slice), and fold the data's slices into constants. pymc's parameter checks
+over a vector of parameters read every observation: where they keep a block from slicing,
+their outcome at each draw is computed once and given to every block (`_Checks`). Every
+block has the same size (the last one overlaps the one before), so every block's program
+has the same jaxpr, its constants aside. Where the slice still cannot reach the data
+(checked on the block's jaxpr: no operation other than a slice may produce the whole first
+axis), each block computes the whole log-density and keeps its slice: the same numbers,
+more work, said by a warning.
 """
 
 from __future__ import annotations
@@ -141,7 +143,6 @@ def loo(
     if reff is None:
         reff = _reff(dataset, n_samples, generation)
     graph = _LogpBlocks(model, name, [draws.arrays[v.name] for v in model.free_RVs])
-    arrays = [draws.arrays[n] for n in graph.input_names]
     budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
     size = _block_size(graph.shape, n_samples, budget, block_size)
     # The engine's share of an explicit budget: the block's log-likelihood and as much again
@@ -149,10 +150,14 @@ def loo(
     rest = math.prod(graph.shape[1:]) if graph.shape else 1
     engine_budget = None if memory_budget is None else 2 * 8 * n_samples * size * rest
     options = options.with_engine(memory_budget=engine_budget)
+    arrays = [draws.arrays[n] for n in graph.input_names]
 
     def block(start: int) -> np.ndarray:
         label = f"Log-likelihood of {name!r} [{start}:{start + size}]"
-        values, _ = evaluate(graph.block_function(start, size), arrays, options, label)
+        # Decided at the first block, in `_blocked`'s thread: the garbage of the graphs built
+        # to decide is collected with each block's (what exists before `_blocked` is not).
+        inputs = graph.block_inputs(arrays, size, options)
+        values, _ = evaluate(graph.block_function(start, size), inputs, options, label)
         return np.asarray(values[0])
 
     bar = _bar_label(name, progressbar)
@@ -281,7 +286,16 @@ def _block_size(shape: tuple[int, ...], n_samples: int, budget: int, block_size:
 
 
 class _LogpBlocks:
-    """The observed variable's elementwise log-density, and its blocks as JAX functions."""
+    """The observed variable's elementwise log-density, and its blocks as JAX functions.
+
+    pymc's parameter checks (`check_bounds`, the default) make the whole log-density -inf at
+    a draw where any check fails, `switch(all(p >= 0), logp, -inf)`: a check over a vector
+    of parameters (a Bernoulli's `p`, a Poisson's `mu`) reads every observation, so a block
+    that holds it computes them all. There (`_Checks`), the checks go out of the blocks:
+    each check's outcome at each draw is computed once over every observation, and each
+    block takes it as an argument, `switch(outcome, logp[start:stop], -inf)`: pymc's
+    numbers, with each block's own work. The checks stay inside the blocks where the blocks
+    slice with them (a scalar `sigma > 0`): no program more."""
 
     def __init__(self, model: Any, name: str, first_draw: Sequence[np.ndarray]):
         from pymc.logprob.utils import (
@@ -302,6 +316,7 @@ class _LogpBlocks:
             others = [v for v in graph_inputs([logp]) if v.owner is None and v not in roots]
             fgraph = FunctionGraph([*roots, *others], [logp], clone=True)
             check_bounds = bool(getattr(model, "check_bounds", True))
+            self.checks = _Checks.apart(fgraph.clone(), len(roots)) if check_bounds else None
             rewrite = (
                 local_check_parameter_to_ninf_switch
                 if check_bounds
@@ -313,7 +328,9 @@ class _LogpBlocks:
         self.input_names = [v.name for v in roots]
         self.logp: Any = fgraph.outputs[0]
         self.shape = self._shape(umodel, first_draw)
-        self._checked = False
+        self._apart = False
+        self._built: dict[tuple[int, int], Callable] = {}
+        self._inputs: list[np.ndarray] | None = None
 
     def _shape(self, umodel: Any, first_draw: Sequence[np.ndarray]) -> tuple[int, ...]:
         import pytensor
@@ -329,50 +346,132 @@ class _LogpBlocks:
         )
         return tuple(int(d) for d in shape(*values))
 
+    def block_inputs(
+        self, arrays: Sequence[np.ndarray], size: int, options: Options
+    ) -> list[np.ndarray]:
+        """The blocks' arguments: the draws `arrays`; and, where the parameter checks keep a
+        block from slicing and going apart lets it slice, each check's outcome at each draw
+        (computed at the first call, over every observation). Where no form slices, a
+        warning says so. Decided at the first call, the same after."""
+        if self._inputs is None:
+            self._inputs = self._block_inputs(list(arrays), size, options)
+        return self._inputs
+
+    def _block_inputs(self, arrays: list[np.ndarray], size: int, options: Options) -> list[Any]:
+        if not self.shape or size >= self.shape[0]:
+            return arrays  # one block: nothing to slice
+        specs = [(a.shape[2:], a.dtype) for a in arrays]
+        first = self._function(0, size, apart=False)
+        whole = self._unsliced(first, specs)
+        if whole is None:
+            self._built[(0, size)] = first  # the first block's, built once
+            return arrays
+        if self.checks is not None and arrays:
+            first = self._function(0, size, apart=True)
+            outcomes = [((), np.dtype(bool))] * len(self.checks.inputs)
+            if self._unsliced(first, [*specs, *outcomes]) is None:
+                self._apart, self._built[(0, size)] = True, first
+                label = f"Parameter checks of {self.name!r}"
+                values, _ = evaluate(self.checks.function(), arrays, options, label)
+                return [*arrays, *np.moveaxis(np.asarray(values[0]), -1, 0)]
+        warnings.warn(
+            f"pymc_chunkpost.loo: the log-likelihood of {self.name!r} could not be "
+            f"sliced to blocks of {size} observations ({whole} computes all "
+            f"{self.shape[0]}): each block computes them all and keeps its slice. Same "
+            "numbers, more work; a larger `memory_budget` means fewer blocks.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return arrays
+
     def block_function(self, start: int, size: int) -> Callable:
-        """The per-draw JAX function of `logp[start:start + size]`."""
+        """The per-draw JAX function of `logp[start:start + size]`; where the checks are
+        apart, of the checks' outcomes too, after the draws."""
+        built = self._built.pop((start, size), None)
+        return built or self._function(start, size, self._apart)
+
+    def _function(self, start: int, size: int, apart: bool) -> Callable:
         from pytensor import config
 
         from ._graph import funcify, jax_graph
 
+        logp, inputs = self.logp, self.inputs
+        if apart:
+            assert self.checks is not None
+            logp, inputs = self.checks.logp, [*self.checks.roots, *self.checks.inputs]
         with config.change_flags(traceback__limit=0):
-            if not self.shape or size == self.shape[0]:
-                output = self.logp
-            else:
-                output = self.logp[start : start + size]
-            fgraph = jax_graph(self.inputs, [output])
+            output = logp if not self.shape or size == self.shape[0] else logp[start : start + size]
+            fgraph = jax_graph(inputs, [output])
             _lift_slices(fgraph)
-        jax_fn = funcify(fgraph)
-        if not self._checked and self.shape and size < self.shape[0]:
-            self._checked = True
-            self._warn_unless_sliced(jax_fn, size)
-        return jax_fn
+        return funcify(fgraph)
 
-    def _warn_unless_sliced(self, jax_fn: Callable, size: int) -> None:
-        """Warn where a block's program computes the whole first axis (see the module)."""
+    def _unsliced(self, jax_fn: Callable, specs: Sequence[tuple[Any, Any]]) -> str | None:
+        """The first operation of a block's program, given its arguments' `(shape, dtype)`
+        at one draw, that computes the whole first axis (a slice of it aside), or None: the
+        block computes its own observations alone."""
         import jax
 
-        n_leading = self.shape[0]
-        if any(d is None for v in self.inputs for d in v.type.shape):
-            return  # a shape unknown statically: no check possible
-        args = [jax.ShapeDtypeStruct(tuple(v.type.shape), v.type.dtype) for v in self.inputs]
+        args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
         jaxpr = jax.make_jaxpr(jax_fn)(*args)
         slicing = {"slice", "dynamic_slice", "gather", "squeeze", "reshape"}
-        whole = [
-            eqn.primitive.name
-            for eqn in jaxpr.jaxpr.eqns
-            if eqn.primitive.name not in slicing
-            and any(n_leading in getattr(v.aval, "shape", ()) for v in eqn.outvars)
-        ]
-        if whole and size < n_leading:
-            warnings.warn(
-                f"pymc_chunkpost.loo: the log-likelihood of {self.name!r} could not be "
-                f"sliced to blocks of {size} observations ({whole[0]} computes all "
-                f"{n_leading}): each block computes them all and keeps its slice. Same "
-                "numbers, more work; a larger `memory_budget` means fewer blocks.",
-                UserWarning,
-                stacklevel=4,
-            )
+        n_leading = self.shape[0]
+        for eqn in jaxpr.jaxpr.eqns:
+            if eqn.primitive.name not in slicing and any(
+                n_leading in getattr(v.aval, "shape", ()) for v in eqn.outvars
+            ):
+                return str(eqn.primitive.name)
+        return None
+
+
+class _Checks:
+    """pymc's parameter checks apart from the log-density: each replaceable check
+    `CheckParameterValue(expr, *conditions)` is `switch(outcome, expr, -inf)`, its outcome
+    an input (a boolean per draw) where pymc's rewrite has `all(conditions)`."""
+
+    def __init__(self, roots: list[Any], inputs: list[Any], outcomes: list[Any], logp: Any):
+        self.roots, self.inputs, self.outcomes, self.logp = roots, inputs, outcomes, logp
+
+    @classmethod
+    def apart(cls, fgraph: Any, n_roots: int) -> _Checks | None:
+        """The checks of `fgraph` (a copy of the log-density's, theirs not yet rewritten)
+        apart, or None where it has none."""
+        import pytensor.tensor as pt
+        from pymc.logprob.utils import CheckParameterValue
+
+        roots = list(fgraph.inputs[:n_roots])
+        inputs, outcomes = [], []
+        for node in fgraph.toposort():
+            if not (isinstance(node.op, CheckParameterValue) and node.op.can_be_replaced_by_ninf):
+                continue
+            expr, *conditions = node.inputs
+            # As pymc's `local_check_parameter_to_ninf_switch`, the outcome an input.
+            outcome = pt.all(conditions) if len(conditions) > 1 else conditions[0]
+            if outcome.ndim != 0:
+                return None
+            given = outcome.type()
+            fgraph.add_input(given)
+            out = pt.switch(given, expr, -np.inf)
+            if out.dtype != node.outputs[0].dtype:
+                out = pt.cast(out, node.outputs[0].dtype)
+            fgraph.replace(node.outputs[0], out, import_missing=True)
+            inputs.append(given)
+            outcomes.append(outcome)
+        return cls(roots, inputs, outcomes, fgraph.outputs[0]) if inputs else None
+
+    def function(self) -> Callable:
+        """The per-draw JAX function of every check's outcome, stacked, over every
+        observation (a check inside another's condition rewritten as pymc does)."""
+        import pytensor.tensor as pt
+        from pymc.logprob.utils import local_check_parameter_to_ninf_switch
+        from pytensor import config
+        from pytensor.graph.rewriting.basic import in2out
+
+        from ._graph import funcify, jax_graph
+
+        with config.change_flags(traceback__limit=0):
+            fgraph = jax_graph(self.roots, [pt.stack(self.outcomes)])
+            in2out(local_check_parameter_to_ninf_switch).rewrite(fgraph)
+        return funcify(fgraph)
 
 
 def _pointwise_dims(
@@ -391,37 +490,193 @@ def _pointwise_dims(
 
 
 def _lift_slices(fgraph: Any) -> None:
-    """Push slices of the first axis into the data where pytensor's rewrites stop: a slice
-    of `x[indices]` (a parameter indexed by group) is `x[indices[slice]]`, whose constant
-    indices fold to the block's."""
-    from pytensor.graph.rewriting.basic import in2out, node_rewriter
-    from pytensor.tensor import subtensor
+    """Push slices of the first axis into the data where pytensor's rewrites stop, until
+    nothing changes:
+    - a slice of a gather `x[i, j]` (a parameter indexed by group, a category's probability
+      at each observation) is `x[i[s], j[s]]`, whose constant indices fold to the block's;
+    - a gather whose first index is a constant within rows `[lo, hi)` of `x` reads only
+      them: `x[lo:hi][i - lo, j]`, whose slice is lifted in turn;
+    - pytensor lifts a slice through an operation only where the slice is its one client
+      (elsewhere the whole would be computed twice): where every client of a variable takes
+      the same slice of its first axis, they take it from one slice of it (`_share_slices`),
+      which pytensor's rewrites then lift (a mixture's `logsumexp` over its components,
+      say)."""
+    from pytensor.graph.rewriting.basic import in2out
     from pytensor.tensor.rewriting.basic import constant_folding
 
-    # pytensor 2 takes `x[indices]` with AdvancedSubtensor1, pytensor 3 with AdvancedSubtensor.
-    takes = tuple(
+    # A rewrite that fails leaves its node as it was: the block's jaxpr says whether it slices.
+    lift = in2out(
+        *_gather_rewrites(),
+        *_pytensor_lifts(),
+        constant_folding,
+        failure_callback=lambda *failure: None,
+    )
+    for _ in range(_MAX_LIFT_ROUNDS):
+        lift.rewrite(fgraph)
+        if not _share_slices(fgraph):
+            return
+
+
+def _takes() -> tuple[type, ...]:
+    """The ops of a gather `x[i, j]`: pytensor 2 takes `x[i]` with AdvancedSubtensor1,
+    pytensor 3 with AdvancedSubtensor."""
+    from pytensor.tensor import subtensor
+
+    return tuple(
         getattr(subtensor, op)
         for op in ("AdvancedSubtensor1", "AdvancedSubtensor")
         if hasattr(subtensor, op)
     )
 
-    @node_rewriter([subtensor.Subtensor])
-    def _lift_slice_of_take(fgraph, node):
-        source = node.inputs[0]
-        if source.owner is None or not isinstance(source.owner.op, takes):
-            return None
-        index_list = node.op.idx_list
-        if len(index_list) != 1 or not isinstance(index_list[0], slice):
-            return None
-        if len(source.owner.inputs) != 2 or getattr(source.owner.op, "idx_list", (0,)) != (0,):
-            return None  # not `x[indices]` along the first axis alone
-        x, indices = source.owner.inputs
-        if indices.ndim != 1 or indices.dtype.startswith("float") or indices.dtype == "bool":
-            return None
-        (first,) = subtensor.get_idx_list(node.inputs, index_list)
-        return [x[indices[first]]]
 
-    in2out(_lift_slice_of_take, constant_folding).rewrite(fgraph)
+def _gather_indices(node: Any) -> list[Any] | None:
+    """The integer arrays of a gather `x[i, j, ...]` at `node` (no slices, one number of
+    dimensions for all), or None."""
+    if node is None or not isinstance(node.op, _takes()):
+        return None
+    indices = list(node.inputs[1:])
+    if tuple(getattr(node.op, "idx_list", range(len(indices)))) != tuple(range(len(indices))):
+        return None
+    kinds = {(getattr(i.type, "ndim", None), str(getattr(i, "dtype", ""))[:3]) for i in indices}
+    if not indices or len({ndim for ndim, _ in kinds}) != 1:
+        return None
+    if any(ndim in (None, 0) or kind not in ("int", "uin") for ndim, kind in kinds):
+        return None
+    return indices
+
+
+def _gather_rewrites() -> list[Any]:
+    """A slice of a gather lifted into its index arrays, and a gather of constant rows
+    reading only them (see `_lift_slices`)."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.rewriting.basic import node_rewriter
+    from pytensor.tensor import subtensor
+
+    @node_rewriter([subtensor.Subtensor])
+    def lift_slice_of_gather(fgraph, node):
+        source = node.inputs[0]
+        indices = _gather_indices(source.owner)
+        index = subtensor.indices_from_subtensor(node.inputs[1:], node.op.idx_list)
+        if indices is None or not index or not isinstance(index[0], slice):
+            return None
+        if index[0] == slice(None):
+            return None  # `x[i, j][:, k]`: nothing to lift
+        if any(i.type.shape[0] is None for i in indices):
+            return None  # an axis of length 1 (broadcast, not sliced) or not: unknown
+        sliced = [i if i.type.shape[0] == 1 else i[index[0]] for i in indices]
+        out = source.owner.inputs[0][tuple(sliced)]
+        return [out[(slice(None), *index[1:])] if index[1:] else out]
+
+    @node_rewriter(list(_takes()))
+    def gather_rows(fgraph, node):
+        indices = _gather_indices(node)
+        x = node.inputs[0]
+        if indices is None or not isinstance(indices[0], Constant) or x.type.shape[0] is None:
+            return None
+        rows = np.asarray(indices[0].data)
+        if rows.size == 0 or rows.min() < 0:
+            return None
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        if hi - lo >= x.type.shape[0]:
+            return None
+        out = x[lo:hi][(rows - lo, *indices[1:])]
+        return [out.astype(node.outputs[0].dtype)]
+
+    return [lift_slice_of_gather, gather_rows]
+
+
+def _pytensor_lifts() -> list[Any]:
+    """pytensor's own lifts (`_PYTENSOR_LIFTS`, those the version has), each where the sliced
+    variable's node has one output: pytensor 2's lift fails on a fused node of several (the
+    JAX rewrites fuse; pytensor's own pipeline lifts before it fuses)."""
+    from pytensor.graph.rewriting.basic import node_rewriter
+    from pytensor.tensor.rewriting import subtensor as subtensor_rewrites
+    from pytensor.tensor.rewriting import subtensor_lift
+
+    def of_one_output(rewrite: Any) -> Any:
+        @node_rewriter(rewrite.tracks())
+        def lift(fgraph, node):
+            source = node.inputs[0].owner
+            if source is not None and len(source.outputs) > 1:
+                return None
+            return rewrite.transform(fgraph, node)
+
+        return lift
+
+    modules = {"lift": subtensor_lift, "subtensor": subtensor_rewrites}
+    return [
+        of_one_output(getattr(modules[m], name))
+        for m, name in _PYTENSOR_LIFTS
+        if hasattr(modules[m], name)
+    ]
+
+
+#: pytensor's rewrites that lift a slice through an operation or merge slices, by module
+#: (`pytensor.tensor.rewriting.subtensor_lift` or `.subtensor`), where the version has them.
+_PYTENSOR_LIFTS = (
+    ("lift", "local_subtensor_of_batch_dims"),
+    ("lift", "local_subtensor_of_dot"),
+    ("lift", "local_subtensor_of_reduce"),
+    ("lift", "local_subtensor_of_join"),
+    ("lift", "local_subtensor_of_expand_dims"),
+    ("lift", "local_subtensor_of_squeeze"),
+    ("lift", "local_subtensor_of_transpose"),
+    ("lift", "local_subtensor_of_alloc"),
+    ("lift", "local_subtensor_of_softmax"),
+    ("subtensor", "local_subtensor_merge"),  # pytensor 2
+    ("subtensor", "local_subtensor_merge_slice"),  # pytensor 3
+    ("subtensor", "local_useless_subtensor"),
+    ("subtensor", "local_useless_slice"),
+)
+_MAX_LIFT_ROUNDS = 64  # each round shares the slices of one more level of the graph
+
+
+def _share_slices(fgraph: Any) -> bool:
+    """Where every client of a variable is a slice of its first axis, the same one, each
+    takes its indices from one slice of it: `v[s, i]` and `v[s]` are `w[:, i]` and `w`, with
+    `w = v[s]` (the same values). Whether the graph changed."""
+    from pytensor.tensor.subtensor import Subtensor, indices_from_subtensor
+
+    changed = False
+    for node in list(fgraph.toposort()):
+        for var in node.outputs:
+            clients = fgraph.clients.get(var, ())
+            if len(clients) < 2:
+                continue
+            indices = []
+            for client, position in clients:
+                if not isinstance(getattr(client, "op", None), Subtensor) or position != 0:
+                    break
+                index = indices_from_subtensor(client.inputs[1:], client.op.idx_list)
+                if not index or not isinstance(index[0], slice):
+                    break
+                indices.append((client, index))
+            else:
+                keys = {_slice_key(index[0]) for _, index in indices}
+                if len(keys) != 1 or None in keys or keys == {(None, None, None)}:
+                    continue  # different slices, or the whole axis: nothing to share
+                shared = var[indices[0][1][0]]
+                for client, index in indices:
+                    rest = index[1:]
+                    new = shared[(slice(None), *rest)] if rest else shared
+                    fgraph.replace(client.outputs[0], new, import_missing=True)
+                changed = True
+    return changed
+
+
+def _slice_key(index: Any) -> tuple | None:
+    """A slice's constant `(start, stop, step)`, or None where one is not a constant."""
+    from pytensor.graph.basic import Constant
+
+    key: list[int | None] = []
+    for part in (index.start, index.stop, index.step):
+        if part is None:
+            key.append(None)
+        elif isinstance(part, Constant):
+            key.append(int(part.data))
+        else:
+            return None
+    return tuple(key)
 
 
 # --- checks and ArviZ's defaults --------------------------------------------------------------

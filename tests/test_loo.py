@@ -145,6 +145,46 @@ def cumulative(n: int = 60):
     return model, {"step": rng.normal(0, 0.05, (CHAINS, DRAWS))}
 
 
+def glm(family: str, n: int = 240):
+    """A regression whose likelihood's parameters are a vector over the observations, each
+    checked by pymc (`check_bounds`): `all(0 <= p <= 1)` and the like read them all."""
+    rng = np.random.default_rng(3)
+    x, group = rng.normal(size=(n, 2)), rng.integers(0, 6, n)
+    draws = {
+        "a": rng.normal(0, 0.1, (CHAINS, DRAWS, 6)),
+        "b": rng.normal(0, 0.1, (CHAINS, DRAWS, 2)),
+        "s": rng.gamma(50, 1 / 25, (CHAINS, DRAWS)),
+    }
+    with pm.Model() as model:
+        a, b = pm.Normal("a", shape=6), pm.Normal("b", shape=2)
+        s = pm.Gamma("s", 2, 1)
+        eta = a[group] + x @ b
+        if family == "logistic":
+            pm.Bernoulli("y", logit_p=eta, observed=rng.integers(0, 2, n))
+        elif family == "binomial":
+            pm.Binomial("y", 10, pm.math.invlogit(eta), observed=rng.integers(0, 11, n))
+        elif family == "poisson":
+            pm.Poisson("y", pt.exp(eta), observed=rng.poisson(1.0, n))
+        elif family == "negative_binomial":
+            pm.NegativeBinomial("y", mu=pt.exp(eta), alpha=s, observed=rng.poisson(1.0, n))
+        elif family == "gamma":
+            pm.Gamma("y", alpha=s, beta=s / pt.exp(eta), observed=rng.gamma(2.0, 0.5, n))
+        elif family == "beta":
+            mu = pm.math.invlogit(eta)
+            pm.Beta("y", alpha=mu * 10 * s, beta=(1 - mu) * 10 * s, observed=rng.beta(2, 2, n))
+        elif family == "zero_inflated":
+            pm.ZeroInflatedPoisson("y", psi=0.7, mu=pt.exp(eta), observed=rng.poisson(1.0, n))
+        elif family == "ordered":
+            cutpoints = pt.as_tensor(np.array([-1.0, 0.0, 1.0]))
+            pm.OrderedLogistic("y", eta, cutpoints + s - 2, observed=rng.integers(0, 4, n))
+        elif family == "mixture":
+            means = pt.stack([eta, eta + 1.0], axis=-1)
+            pm.NormalMixture("y", w=[0.3, 0.7], mu=means, sigma=s, observed=x[:, 0])
+        elif family == "student_by_group":
+            pm.StudentT("y", nu=4, mu=eta, sigma=(s * pt.ones(6))[group], observed=x[:, 0])
+    return model, draws
+
+
 # --- PSIS of a block ----------------------------------------------------------------------
 
 
@@ -405,6 +445,64 @@ def test_censored_and_truncated_normal_equal_arviz(kind):
         warnings.filterwarnings("ignore", "Estimated shape parameter")
         ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=45)
     _assert_same(ours, reference)
+
+
+FAMILIES = [
+    "logistic",
+    "binomial",
+    "poisson",
+    "negative_binomial",
+    "gamma",
+    "beta",
+    "zero_inflated",
+    "ordered",
+    "mixture",
+    "student_by_group",
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checked_parameters_slice_and_equal_arviz(family):
+    """pymc's checks over a vector of parameters go out of the blocks: no warning (each
+    block's program computes its own observations alone), ArviZ's numbers."""
+    model, draws = glm(family)
+    idata, reference = _reference(model, draws)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", "Estimated shape parameter")
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=50)
+    _assert_same(ours, reference)
+
+
+def test_a_failed_check_makes_its_draw_minus_inf_in_every_block():
+    """Where a check fails at a draw (a negative Poisson mean at one observation), pymc's
+    log-likelihood is -inf at every observation of that draw: each block's is, though the
+    block holds none of the failing observations."""
+    from pymc_chunkpost._route import Options, evaluate
+
+    rng = np.random.default_rng(5)
+    n = 120
+    x = np.linspace(0.0, 1.0, n)
+    with pm.Model() as model:
+        a, b = pm.Normal("a"), pm.Normal("b")
+        pm.Poisson("y", a + b * x, observed=rng.poisson(2.0, n))
+    draws = {"a": rng.uniform(1.0, 3.0, (2, 20)), "b": rng.normal(0, 0.5, (2, 20))}
+    draws["b"][0, 3] = draws["a"][0, 3] = -1.0  # mean < 0 at every observation
+    draws["b"][1, 7] = -draws["a"][1, 7] - 0.1  # mean < 0 at the last observation alone
+    idata = _idata(draws)
+    expected = pm.compute_log_likelihood(
+        idata, model=model, extend_inferencedata=False, progressbar=False
+    )["y"].values
+    assert np.isneginf(expected[0, 3]).all() and np.isneginf(expected[1, 7]).all()
+    graph = _loo._LogpBlocks(model, "y", [draws[v.name] for v in model.free_RVs])
+    options = Options(None, "auto", False, {"memory_budget": None})
+    arrays = graph.block_inputs([draws[n] for n in graph.input_names], 40, options)
+    assert len(arrays) == len(graph.input_names) + 1  # the check's outcome at each draw
+    for start in (0, 40, 80):
+        values, _ = evaluate(graph.block_function(start, 40), arrays, options, "block")
+        block = expected[..., start : start + 40]
+        np.testing.assert_array_equal(np.isneginf(values[0]), np.isneginf(block))
+        np.testing.assert_allclose(values[0], block, rtol=1e-12)
 
 
 @pytest.mark.parametrize("var_name", ["rows", "cells"])
