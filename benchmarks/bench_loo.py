@@ -218,6 +218,7 @@ def main() -> None:
     import arviz
     import jax
     import pymc
+    import pytensor
 
     cells = []
     for rows in args.rows:
@@ -256,7 +257,8 @@ def main() -> None:
             )
     record["header"] = (
         f"Python {platform.python_version()}, pymc {pymc.__version__}, jax {jax.__version__}, "
-        f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; {MODEL_NAMES[args.model]}, "
+        f"arviz {arviz.__version__}; {os.cpu_count()} CPUs; floatX={pytensor.config.floatX}; "
+        f"{MODEL_NAMES[args.model]}, "
         f"{CHAINS} x {DRAWS} draws; each cell cold in a fresh process with a fresh cache "
         "folder. Ours: `pymc_chunkpost.loo`; anchor: `pm.compute_log_likelihood` + ArviZ's `loo`."
     )

@@ -3,7 +3,7 @@
 inside the tail (smoothed with the block), on the device's own float32 log-likelihood; and
 the host cores before and after JAX opens the device. On a CPU, float32 as a TPU runs it:
 
-    PYTENSOR_FLAGS=floatX=float32 python benchmarks/probes/loo_irregular.py [--rows 20000]
+    PYTENSOR_FLAGS=floatX=float32 python benchmarks/probes/loo_irregular.py [--model logistic]
 """
 
 import argparse
@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--model", default="hierarchical", help="bench_loo.py's --model")
     args = parser.parse_args()
     import jax
     import numpy as np
@@ -33,7 +34,7 @@ def main() -> None:
     from pymc_chunkpost import _loo, _psis
     from pymc_chunkpost._config import current
 
-    model, idata = build(args.rows)
+    model, idata = build(args.rows, family=args.model)
     warnings.simplefilter("ignore")
     blocks, tails = [], []
     smoothed, passes = _loo._smoothed, _psis._passes

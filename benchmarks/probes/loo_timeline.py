@@ -3,7 +3,7 @@
 with `--profile`, the cold call's first block (its graph, compile and run, in the block
 thread) by cProfile, the functions of longest cumulative time.
 
-    python benchmarks/probes/loo_timeline.py [--rows 20000] [--profile 30]
+    python benchmarks/probes/loo_timeline.py [--rows 20000] [--model logistic] [--profile 30]
 """
 
 import argparse
@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--model", default="hierarchical", help="bench_loo.py's --model")
     parser.add_argument("--profile", type=int, default=0, help="functions to print; 0: none")
     args = parser.parse_args()
     import jax
@@ -29,7 +30,7 @@ def main() -> None:
     from pymc_chunkpost import _loo
 
     jax.devices()
-    model, idata = build(args.rows)
+    model, idata = build(args.rows, family=args.model)
     warnings.simplefilter("ignore")
     events: list = []
     origin = [0.0]
