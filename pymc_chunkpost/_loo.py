@@ -517,6 +517,7 @@ def _lift_slices(fgraph: Any) -> None:
             return
 
 
+@functools.cache
 def _takes() -> tuple[type, ...]:
     """The ops of a gather `x[i, j]`: pytensor 2 takes `x[i]` with AdvancedSubtensor1,
     pytensor 3 with AdvancedSubtensor."""
