@@ -329,7 +329,7 @@ class _LogpBlocks:
         self.logp: Any = fgraph.outputs[0]
         self.shape = self._shape(umodel, first_draw)
         self._apart = False
-        self._built: dict[tuple[int, int], Callable] = {}
+        self._first: Callable | None = None  # the first block's function, built to decide
         self._inputs: list[np.ndarray] | None = None
 
     def _shape(self, umodel: Any, first_draw: Sequence[np.ndarray]) -> tuple[int, ...]:
@@ -364,13 +364,13 @@ class _LogpBlocks:
         first = self._function(0, size, apart=False)
         whole = self._unsliced(first, specs)
         if whole is None:
-            self._built[(0, size)] = first  # the first block's, built once
+            self._first = first
             return arrays
         if self.checks is not None and arrays:
             first = self._function(0, size, apart=True)
             outcomes = [((), np.dtype(bool))] * len(self.checks.inputs)
             if self._unsliced(first, [*specs, *outcomes]) is None:
-                self._apart, self._built[(0, size)] = True, first
+                self._apart, self._first = True, first
                 label = f"Parameter checks of {self.name!r}"
                 values, _ = evaluate(self.checks.function(), arrays, options, label)
                 return [*arrays, *np.moveaxis(np.asarray(values[0]), -1, 0)]
@@ -387,8 +387,10 @@ class _LogpBlocks:
     def block_function(self, start: int, size: int) -> Callable:
         """The per-draw JAX function of `logp[start:start + size]`; where the checks are
         apart, of the checks' outcomes too, after the draws."""
-        built = self._built.pop((start, size), None)
-        return built or self._function(start, size, self._apart)
+        if start == 0 and self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return self._function(start, size, self._apart)
 
     def _function(self, start: int, size: int, apart: bool) -> Callable:
         from pytensor import config
