@@ -6,7 +6,10 @@ fresh process.
 The model (`--model`) is issue 59's: a hierarchical regression (40 groups, 3 features,
 `pm.Data`) with `--rows` observations, and a seeded 4 x 1000-draw posterior (no sampling);
 or `logistic`, the same design with a Bernoulli likelihood (`logit_p`), whose parameter check
-`0 <= p <= 1` reads every observation. Methods: `ours`
+`0 <= p <= 1` reads every observation; or one of issue 69's GLMs with group indices
+(`MODEL_NAMES`: Poisson, negative binomial with group slopes, Student-t with a scale per
+group, Bernoulli with crossed groups, Gamma with a log link, zero-inflated Poisson), whose
+posterior is the true parameters plus noise of the posterior's scale. Methods: `ours`
 (`pymc_chunkpost.loo`, defaults: 1 GiB blocks) and `anchor` (`pm.compute_log_likelihood`,
 pymc's own with its default backend, then the installed ArviZ's `loo`: `arviz.loo` on 0.x,
 `arviz_stats.loo` on 1.x). Each (rows, method) runs in a fresh Python process: the model and
@@ -46,8 +49,107 @@ CHAINS, DRAWS, GROUPS = 4, 1000, 40
 MODEL_NAMES = {
     "hierarchical": "hierarchical regression",
     "logistic": "hierarchical logistic regression",
+    "poisson": "Poisson regression with group intercepts (log link)",
+    "negbin": "negative binomial regression with group intercepts and slopes",
+    "studentt": "Student-t regression with a scale per group",
+    "crossed_logit": "Bernoulli logit with two crossed groupings",
+    "gamma": "Gamma regression with a log link",
+    "zip": "zero-inflated Poisson with group intercepts",
 }
 MODELS = tuple(MODEL_NAMES)
+CROSSED = 25  # the second grouping's levels (`crossed_logit`)
+
+
+def _design(rows: int):
+    """The data every family shares: features, two group indices and the true parameters.
+    The hierarchical and logistic models draw what they drew before the other families
+    existed (the other families' parameters come from a generator of their own)."""
+    import numpy as np
+
+    rng, more = np.random.default_rng(0), np.random.default_rng(1)
+    x, group = rng.normal(size=(rows, 3)), rng.integers(0, GROUPS, rows)
+    truth = {
+        "a": rng.normal(0, 1, GROUPS),
+        "b": np.array([0.5, -0.3, 0.2]),
+        "c": more.normal(0, 0.5, CROSSED),
+        "s": more.normal(0, 0.3, GROUPS),
+        "sigma_g": np.exp(more.normal(0, 0.3, GROUPS)),
+    }
+    return rng, x, group, more.integers(0, CROSSED, rows), truth
+
+
+def _observed(family: str, rng, x, group, second, truth):
+    """Observations drawn from `family` at the true parameters."""
+    import numpy as np
+
+    a, b = truth["a"], truth["b"]
+    mean = a[group] + x @ b
+    n = len(group)
+    noise = rng.normal(0, 1, n)  # drawn by every family (the first two models did)
+    if family == "hierarchical":
+        return mean + noise
+    if family == "logistic":
+        return (rng.random(n) < 1 / (1 + np.exp(-mean))).astype(np.int64)
+    log_mu = 0.3 * (a[group] + x @ b)
+    if family == "poisson":
+        return rng.poisson(np.exp(log_mu))
+    if family == "negbin":
+        mu = np.exp(log_mu + truth["s"][group] * x[:, 0])
+        return rng.negative_binomial(5.0, 5.0 / (5.0 + mu))
+    if family == "studentt":
+        return mean + truth["sigma_g"][group] * rng.standard_t(5.0, n)
+    if family == "crossed_logit":
+        eta = a[group] + truth["c"][second] + x @ b
+        return (rng.random(n) < 1 / (1 + np.exp(-eta))).astype(np.int64)
+    if family == "gamma":
+        return rng.gamma(4.0, np.exp(log_mu) / 4.0)
+    if family == "zip":
+        return np.where(rng.random(n) < 0.3, 0, rng.poisson(np.exp(log_mu)))
+    raise ValueError(f"{family=} is not one of {MODELS}")
+
+
+def _likelihood(family: str, pm, data, groups, seconds, a, b, extra):
+    """`family`'s observed variable `y` (dims `obs`), in the current model."""
+    mean = a[groups] + data @ b
+    if family == "hierarchical":
+        return lambda y: pm.Normal("y", mean, extra["sigma"], observed=y, dims="obs")
+    if family == "logistic":
+        return lambda y: pm.Bernoulli("y", logit_p=mean, observed=y, dims="obs")
+    mu = pm.math.exp(0.3 * mean)
+    if family == "poisson":
+        return lambda y: pm.Poisson("y", mu, observed=y, dims="obs")
+    if family == "negbin":
+        mu = pm.math.exp(0.3 * mean + extra["s"][groups] * data[:, 0])
+        return lambda y: pm.NegativeBinomial(
+            "y", mu=mu, alpha=extra["alpha"], observed=y, dims="obs"
+        )
+    if family == "studentt":
+        sigma = extra["sigma_g"][groups]
+        return lambda y: pm.StudentT("y", nu=5.0, mu=mean, sigma=sigma, observed=y, dims="obs")
+    if family == "crossed_logit":
+        eta = mean + extra["c"][seconds]
+        return lambda y: pm.Bernoulli("y", logit_p=eta, observed=y, dims="obs")
+    if family == "gamma":
+        shape = extra["shape"]
+        return lambda y: pm.Gamma("y", alpha=shape, beta=shape / mu, observed=y, dims="obs")
+    if family == "zip":
+        return lambda y: pm.ZeroInflatedPoisson(
+            "y", psi=extra["psi"], mu=mu, observed=y, dims="obs"
+        )
+    raise ValueError(f"{family=} is not one of {MODELS}")
+
+
+# Each family's free variables beyond `a` and `b`: (its prior, its true value).
+_EXTRA = {
+    "hierarchical": {"sigma": ("halfnormal", 1.0)},
+    "logistic": {},
+    "poisson": {},
+    "negbin": {"s": ("groups", "s"), "alpha": ("halfnormal", 5.0)},
+    "studentt": {"sigma_g": ("groups_positive", "sigma_g")},
+    "crossed_logit": {"c": ("crossed", "c")},
+    "gamma": {"shape": ("halfnormal", 4.0)},
+    "zip": {"psi": ("beta", 0.7)},
+}
 
 
 def build(rows: int, subset=None, family: str = "hierarchical"):
@@ -57,30 +159,44 @@ def build(rows: int, subset=None, family: str = "hierarchical"):
     import numpy as np
     import pymc as pm
 
-    rng = np.random.default_rng(0)
-    x, group = rng.normal(size=(rows, 3)), rng.integers(0, GROUPS, rows)
-    a_true = rng.normal(0, 1, GROUPS)
-    mean = a_true[group] + x @ np.array([0.5, -0.3, 0.2])
-    y = mean + rng.normal(0, 1, rows)
-    if family == "logistic":
-        y = (rng.random(rows) < 1 / (1 + np.exp(-mean))).astype(np.int64)
+    rng, x, group, second, truth = _design(rows)
+    y = _observed(family, rng, x, group, second, truth)
     if subset is not None:
-        x, group, y = x[subset], group[subset], y[subset]
-    with pm.Model(coords={"obs": range(len(y))}) as model:
-        data, groups = pm.Data("x", x), pm.Data("group", group)
-        a = pm.Normal("a", shape=GROUPS)
-        b = pm.Normal("b", shape=3)
-        sigma = pm.HalfNormal("sigma")
-        if family == "logistic":
-            pm.Bernoulli("y", logit_p=a[groups] + data @ b, observed=y, dims="obs")
-        else:
-            pm.Normal("y", a[groups] + data @ b, sigma, observed=y, dims="obs")
+        x, group, second, y = x[subset], group[subset], second[subset], y[subset]
     scale = 1 / np.sqrt(rows / GROUPS)
     posterior = {
-        "a": a_true + rng.normal(0, scale, (CHAINS, DRAWS, GROUPS)),
-        "b": np.array([0.5, -0.3, 0.2]) + rng.normal(0, 1 / np.sqrt(rows), (CHAINS, DRAWS, 3)),
-        "sigma": np.abs(1 + rng.normal(0, 1 / np.sqrt(2 * rows), (CHAINS, DRAWS))),
+        "a": truth["a"] + rng.normal(0, scale, (CHAINS, DRAWS, GROUPS)),
+        "b": truth["b"] + rng.normal(0, 1 / np.sqrt(rows), (CHAINS, DRAWS, 3)),
     }
+    with pm.Model(coords={"obs": range(len(y))}) as model:
+        data, groups = pm.Data("x", x), pm.Data("group", group)
+        seconds = pm.Data("second", second) if family == "crossed_logit" else None
+        a = pm.Normal("a", shape=GROUPS)
+        b = pm.Normal("b", shape=3)
+        extra = {}
+        for name, (prior, value) in _EXTRA[family].items():
+            if prior == "halfnormal":
+                extra[name] = pm.HalfNormal(name, 2 * value)
+                draws = value * np.abs(1 + rng.normal(0, 1 / np.sqrt(2 * rows), (CHAINS, DRAWS)))
+            elif prior == "beta":
+                extra[name] = pm.Beta(name, 2.0, 2.0)
+                draws = np.clip(
+                    value + rng.normal(0, 1 / np.sqrt(rows), (CHAINS, DRAWS)), 0.01, 0.99
+                )
+            elif prior == "crossed":
+                extra[name] = pm.Normal(name, 0, 1, shape=CROSSED)
+                spread = 1 / np.sqrt(rows / CROSSED)
+                draws = truth[value] + rng.normal(0, spread, (CHAINS, DRAWS, CROSSED))
+            else:  # one per group: a slope, or a positive scale
+                size = (CHAINS, DRAWS, GROUPS)
+                if prior == "groups_positive":
+                    extra[name] = pm.HalfNormal(name, 2.0, shape=GROUPS)
+                    draws = truth[value] * np.exp(rng.normal(0, scale, size))
+                else:
+                    extra[name] = pm.Normal(name, 0, 1, shape=GROUPS)
+                    draws = truth[value] + rng.normal(0, scale, size)
+            posterior[name] = draws
+        _likelihood(family, pm, data, groups, seconds, a, b, extra)(y)
     import arviz
 
     if arviz.__version__.startswith("0."):

@@ -23,6 +23,7 @@ more work, said by a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import importlib
@@ -38,6 +39,7 @@ from ._config import current
 from ._problem import cpu_cores
 from ._progress import counter
 from ._psis import Workspace, arviz_generation, psis_loo_block, summary, tail_rows_bytes
+from ._resources import loo_backend
 from ._route import Options, evaluate
 
 __all__ = ["loo"]
@@ -96,7 +98,10 @@ def loo(
         scale: ArviZ 0.x's `scale` ("log", "negative_log" or "deviance"); ArviZ 1.x reports
             on the log scale only.
         postprocessing_backend: the device that computes the log-likelihood: None (the
-            default device), "cpu" or "gpu". PSIS runs on the host.
+            default device; on an accelerator, the host CPU where draws x observations
+            are at most `PlannerConfig.loo_host_values_per_core` per host core, since the
+            device's compiles would cost more than its run saves), "cpu", "gpu" or "tpu".
+            PSIS runs on the host.
         postprocessing_vectorize: the engine's strategy for each block (see
             `postprocess_samples`).
         memory_budget: bytes for one block: its log-likelihood on the device and its
@@ -145,6 +150,8 @@ def loo(
     graph = _LogpBlocks(model, name, [draws.arrays[v.name] for v in model.free_RVs])
     budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
     size = _block_size(graph.shape, n_samples, budget, block_size)
+    backend, _ = loo_backend(postprocessing_backend, n_samples * math.prod(graph.shape))
+    options = dataclasses.replace(options, backend=backend)
     # The engine's share of an explicit budget: the block's log-likelihood and as much again
     # for its temporaries (the rest is the smoothing's workspace and the next block).
     rest = math.prod(graph.shape[1:]) if graph.shape else 1

@@ -180,6 +180,27 @@ def lanes_for(problem: Problem) -> tuple[int, str]:
     return max(lanes, 1), "XLA runs a loop of one-draw programs on one thread"
 
 
+def loo_backend(requested: str | None, values: int) -> tuple[str | None, str]:
+    """Where `loo` computes its log-likelihood blocks (a `postprocessing_backend`), and why:
+    the one place this is decided.
+
+    The caller's backend where one is named. Else the default device, but where that is an
+    accelerator and the draws x observations (`values`) are at most
+    `loo_host_values_per_core` per host core: there the host CPU, whose compiles take
+    tenths of a second where an accelerator's take seconds, and whose float32 is the
+    host's (pymc's and ArviZ's own).
+    """
+    if requested is not None:
+        return requested, "the caller's backend"
+    platform = jax.default_backend()
+    if platform == "cpu":
+        return None, "the default device"
+    limit = current().loo_host_values_per_core * cpu_cores()
+    if values > limit:
+        return None, f"{values} values: the {platform}'s run saves more than its compiles cost"
+    return "cpu", f"{values} values, at most {limit}: the {platform}'s compiles cost more"
+
+
 def host_is_the_device(problem: Problem, request: str) -> bool:
     """Whether outputs in host memory are the planner's choice on a CPU (lanes), not the
     caller's: there host memory is the device's own, so the outputs count in its budget and

@@ -101,10 +101,11 @@ def count_compiles(monkeypatch) -> list[int]:
     return count
 
 
-def run_script(path, *args, timeout=600) -> subprocess.CompletedProcess:
+def run_script(path, *args, timeout=600, env=None) -> subprocess.CompletedProcess:
     """`path` (relative to the repository root, such as "benchmarks/cold_call.py") run with
-    `args` in a fresh Python that imports this checkout's package; output captured as text."""
-    env = dict(os.environ)
+    `args` in a fresh Python that imports this checkout's package, with `env` added to this
+    process's environment; output captured as text."""
+    env = dict(os.environ) | (env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, str(ROOT / path), *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)

@@ -364,6 +364,39 @@ def test_hierarchical_equals_arviz(block_size):
     assert elpd_i.dims == ("obs",)
 
 
+def test_on_an_accelerator_small_loo_runs_on_the_host(monkeypatch):
+    """The policy (`_resources.loo_backend`): the caller's backend where named; on a CPU the
+    default; on an accelerator the host CPU up to `loo_host_values_per_core` a core, the
+    device above. `loo` hands the engine what it decides, with ArviZ's numbers."""
+    from pymc_chunkpost import _resources
+
+    monkeypatch.setattr(_resources, "cpu_cores", lambda: 4)
+    limit = 4 * _resources.current().loo_host_values_per_core
+    monkeypatch.setattr(_resources.jax, "default_backend", lambda: "cpu")
+    assert _resources.loo_backend(None, 10)[0] is None
+    monkeypatch.setattr(_resources.jax, "default_backend", lambda: "tpu")
+    assert _resources.loo_backend(None, limit)[0] == "cpu"
+    assert _resources.loo_backend(None, limit + 1)[0] is None
+    assert _resources.loo_backend("tpu", 10)[0] == "tpu"
+    with pymc_chunkpost.configured(loo_host_values_per_core=1):
+        assert _resources.loo_backend(None, 5)[0] is None
+    backends = []
+    evaluate = _loo.evaluate
+
+    def recorded(jax_fn, inputs, options, label):
+        backends.append(options.backend)
+        return evaluate(jax_fn, inputs, options, label)
+
+    monkeypatch.setattr(_loo, "evaluate", recorded)
+    model, draws = hierarchical()
+    idata, reference = _reference(model, draws)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = pymc_chunkpost.loo(idata, model, pointwise=True, block_size=45)
+    assert set(backends) == {"cpu"} and len(backends) >= 2
+    _assert_same(ours, reference)
+
+
 def test_progressbar_is_one_bar_over_the_observations(capsys):
     """`progressbar=True` shows one bar over the observations, at every one at the end
     (the last block overlaps the one before: not counted twice), and no engine bar of a
