@@ -87,7 +87,7 @@ def _as_declared(value: Any, dtype: str | None) -> Any:
 
 def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
     """pytensor's JAX function for `node`, its outputs cast to their declared dtypes."""
-    function = _counted(op) or _dispatch().jax_funcify(op, node=node, **kwargs)
+    function = _counted(op, node) or _dispatch().jax_funcify(op, node=node, **kwargs)
     if _reads_by_index(op):
         function = _bounds_checked(function)
     if _updates_in_place(op):  # `x.at[...]`: the array updated must be a JAX array
@@ -111,30 +111,33 @@ def _strict_conversion(op: Any, node: Apply, **kwargs: Any) -> Callable:
     return several
 
 
-def _counted(op: Any) -> Callable | None:
-    """pytensor's `all` and `any` (a logical and/or reduction) as a count of the values
-    that decide it, where `op` is one; else None.
+def _counted(op: Any, node: Apply) -> Callable | None:
+    """pytensor's `all` and `any` (a logical and/or reduction of booleans) as a count of the
+    values that decide it, where `node` is one; else None.
 
     Same values, and XLA folds a count whose values it can prove (pymc's check `mu >= 0` of
     `mu = exp(...)`) in one step. A logical reduction it folds value by value in its HLO
     evaluator: 16 s on jax 0.10 and 0.9 s on jax 0.12 for a check over 4000 draws x 3000
-    observations (docs/decisions.md has the reproducer).
+    observations (docs/decisions.md has the reproducer). On integers pytensor's and/or are
+    bitwise: those keep pytensor's conversion.
     """
     from pytensor.scalar import AND, OR
     from pytensor.tensor.elemwise import CAReduce
 
     if not isinstance(op, CAReduce) or not isinstance(op.scalar_op, AND | OR):
         return None
+    if getattr(node.inputs[0].type, "dtype", None) != "bool":
+        return None
     every, axis = isinstance(op.scalar_op, AND), op.axis
 
     def counted(x):
         x = jax.numpy.asarray(x)
-        truth = x if x.dtype == np.bool_ else x != 0
-        decides = jax.numpy.logical_not(truth) if every else truth
         reduced = math.prod(x.shape[a] for a in (range(x.ndim) if axis is None else axis))
-        dtype = np.int32 if reduced < 2**31 else np.int64  # exact: the count is at most that
-        count = jax.numpy.sum(decides, axis=axis, dtype=dtype)
-        return count == 0 if every else count > 0
+        if reduced >= 2**31:  # a count that int32 cannot hold: the reduction as it is
+            return (jax.numpy.all if every else jax.numpy.any)(x, axis=axis)
+        decides = jax.numpy.logical_not(x) if every else x
+        count = jax.numpy.sum(decides, axis=axis, dtype=np.int32)
+        return count == 0 if every else count != 0
 
     return counted
 

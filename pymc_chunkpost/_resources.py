@@ -195,6 +195,10 @@ def loo_backend(requested: str | None, values: int) -> tuple[str | None, str]:
     platform = jax.default_backend()
     if platform == "cpu":
         return None, "the default device"
+    try:
+        jax.local_devices(backend="cpu")
+    except RuntimeError:  # JAX started without its CPU backend (JAX_PLATFORMS=tpu, say)
+        return None, "no host CPU backend"
     limit = current().loo_host_values_per_core * cpu_cores()
     if values > limit:
         return None, f"{values} values: the {platform}'s run saves more than its compiles cost"

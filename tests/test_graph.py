@@ -81,3 +81,28 @@ def test_converted_log_prior_equals_pytensors_default_backend():
     for got, want in zip(ours, reference):
         assert np.asarray(got).dtype == want.dtype
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (0, 4), (5, 0)])
+@pytest.mark.parametrize("axis", [None, 0, 1, (0, 1)])
+def test_logical_reductions_are_counts_with_numpy_s_values(shape, axis):
+    """pytensor's `all` and `any` of booleans convert to counts (no logical reduction for XLA
+    to fold value by value, docs/decisions.md), with numpy's values, empty reductions
+    included; an and-reduction of integers keeps pytensor's bitwise conversion."""
+    import pytensor.tensor as pt
+    from pytensor.scalar import and_
+    from pytensor.tensor.elemwise import CAReduce
+
+    x = pt.tensor("x", dtype="float64", shape=(None, None))
+    outputs = [pt.all(x > 0, axis=axis), pt.any(x > 0, axis=axis)]
+    jax_fn = _graph.jaxify([x], outputs)
+    value = np.random.default_rng(0).normal(size=shape)
+    every, some = jax_fn(value)
+    np.testing.assert_array_equal(every, np.all(value > 0, axis=axis))
+    np.testing.assert_array_equal(some, np.any(value > 0, axis=axis))
+    assert every.dtype == some.dtype == np.bool_
+    primitives = {e.primitive.name for e in jax.make_jaxpr(jax_fn)(value).jaxpr.eqns}
+    assert not primitives & {"reduce_and", "reduce_or"}, primitives
+    n = pt.tensor("n", dtype="int8", shape=(2,))
+    bitwise = _graph.jaxify([n], [CAReduce(and_)(n)])
+    assert int(bitwise(np.array([3, 2], np.int8))[0]) == 2

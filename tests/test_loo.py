@@ -380,6 +380,13 @@ def test_on_an_accelerator_small_loo_runs_on_the_host(monkeypatch):
     assert _resources.loo_backend("tpu", 10)[0] == "tpu"
     with pymc_chunkpost.configured(loo_host_values_per_core=1):
         assert _resources.loo_backend(None, 5)[0] is None
+    with monkeypatch.context() as patch:  # JAX started without its CPU backend
+
+        def no_cpu(backend=None):
+            raise RuntimeError(f"Unknown backend {backend}")
+
+        patch.setattr(_resources.jax, "local_devices", no_cpu)
+        assert _resources.loo_backend(None, 5) == (None, "no host CPU backend")
     backends = []
     evaluate = _loo.evaluate
 
