@@ -880,9 +880,9 @@ def _trace(
     scale, eight schools' `sigma`, a guide's scalar params) is a per-draw input, a parameter
     too; a larger one (a design matrix) stays a constant of the engine's function, behind
     an optimization barrier (`_engine_function`), and in the cache key by content. The
-    engine passes it to its programs as an argument (`_program`), or, where the exact loop's
-    batching rule closes over it, keeps it in that program, which is then not shared with
-    other data (`Problem.shareable`). Folded as a constant, XLA would sink what reads only it
+    engine passes it to its programs as an argument (`_program`); the exact loop takes it as
+    an input of the loop (`_exact_engine_function`), as numpyro's does. Folded as a
+    constant, XLA would sink what reads only it
     into the loop, where its rewrites of `(a * b) * broadcast(c)` round apart from numpyro's
     (docs/numpyro.md).
     """
@@ -902,9 +902,10 @@ def _trace(
     owner = getattr(owner, "__func__", owner)  # a bound method: its function lives on
     traced = _FUNCTIONS.get(owner, key)
     if traced is None:
-        jax_fn = _engine_function(closed, used, small)
         if exact:
-            jax_fn = _one_draw_at_a_time(jax_fn, len(small))
+            jax_fn = _exact_engine_function(closed, used, small)
+        else:
+            jax_fn = _engine_function(closed, used, small)
         if key_at is not None:
             jax_fn = _keys_from_indices(jax_fn, key_at)
         out_specs = tuple(jax.tree_util.tree_leaves(out_shape))
@@ -924,9 +925,17 @@ def _is_small(value: Any) -> bool:
     )
 
 
-def _engine_function(closed: Any, used: tuple[int, ...], small: tuple[int, ...]) -> Callable:
+def _barred(closed: Any, small: tuple[int, ...]) -> list[int]:
+    """The program's constants that are the model's data: neither small nor keys."""
+    return [i for i, c in enumerate(closed.consts) if i not in small and not _is_key(c)]
+
+
+def _engine_function(
+    closed: Any, used: tuple[int, ...], small: tuple[int, ...], data_inputs: bool = False
+) -> Callable:
     """The traced program as the engine's per-draw function of the inputs at `used`, then
-    of one per-draw input for each constant at `small`.
+    of one per-draw input for each constant at `small`; with `data_inputs`, then of the
+    model's data (`_barred`), as inputs too.
 
     Invariant: the program's other constants (the model's data) reach XLA behind an
     optimization barrier, so that no operation that reads only them is folded at compile
@@ -935,13 +944,19 @@ def _engine_function(closed: Any, used: tuple[int, ...], small: tuple[int, ...])
     """
     jaxpr = closed.jaxpr
     held = [None if i in small else c for i, c in enumerate(closed.consts)]
-    barred = [i for i, c in enumerate(held) if c is not None and not _is_key(c)]
+    barred = _barred(closed, small)
     avals = [v.aval for v in jaxpr.invars]
 
     def jax_fn(*inputs: Any) -> list[Any]:
         consts = list(held)
+        data = [held[i] for i in barred]
+        if data_inputs:
+            inputs, data = (
+                inputs[: len(inputs) - len(barred)],
+                list(inputs[len(inputs) - len(barred) :]),
+            )
         if barred:
-            for i, c in zip(barred, lax.optimization_barrier([held[i] for i in barred])):
+            for i, c in zip(barred, lax.optimization_barrier(data)):
                 consts[i] = c
         for i, x in zip(small, inputs[len(used) :]):
             consts[i] = x
@@ -949,6 +964,27 @@ def _engine_function(closed: Any, used: tuple[int, ...], small: tuple[int, ...])
         for i, x in zip(used, inputs):
             args[i] = x
         return jax.core.eval_jaxpr(jaxpr, consts, *args)
+
+    return jax_fn
+
+
+def _exact_engine_function(closed: Any, used: tuple[int, ...], small: tuple[int, ...]) -> Callable:
+    """`_engine_function`, each draw computed by the program of one draw
+    (`_one_draw_at_a_time`).
+
+    Invariant: the model's data are inputs of the one-draw loop, the same at every draw, and
+    constants of the function returned alone, which the engine passes to its programs as
+    arguments: a batching rule that closed over them would keep them in the compiled loop,
+    data-sized constants of a program that other data could not share.
+    """
+    barred = _barred(closed, small)
+    data = [closed.consts[i] for i in barred]
+    loop = _one_draw_at_a_time(
+        _engine_function(closed, used, small, data_inputs=True), len(small) + len(barred)
+    )
+
+    def jax_fn(*inputs: Any) -> list[Any]:
+        return loop(*inputs, *data)
 
     return jax_fn
 
