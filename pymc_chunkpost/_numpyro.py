@@ -882,9 +882,8 @@ def _trace(
     an optimization barrier (`_engine_function`), and in the cache key by content. The
     engine passes it to its programs as an argument (`_program`); the exact loop takes it as
     an input of the loop (`_exact_engine_function`), as numpyro's does. Folded as a
-    constant, XLA would sink what reads only it
-    into the loop, where its rewrites of `(a * b) * broadcast(c)` round apart from numpyro's
-    (docs/numpyro.md).
+    constant, XLA would sink what reads only it into the loop, where its rewrites of
+    `(a * b) * broadcast(c)` round apart from numpyro's (docs/numpyro.md).
     """
     closed, out_shape = jax.make_jaxpr(per_draw, return_shape=True)(*specs)
     out_tree = jax.tree_util.tree_structure(out_shape)
@@ -992,7 +991,8 @@ def _exact_engine_function(closed: Any, used: tuple[int, ...], small: tuple[int,
 def _one_draw_at_a_time(fn: Callable, n_invariant: int = 0) -> Callable:
     """`fn`, which `jax.vmap` maps as `lax.map`: one draw per step, however many are mapped.
     Its last `n_invariant` inputs are the same at every draw (the small constants, mapped
-    as per-draw inputs): the loop takes draw 0's as an operand of its own.
+    as per-draw inputs, and the model's data): the loop takes draw 0's as an operand of its
+    own.
 
     Invariant: every draw is computed by the program of one draw, as in numpyro's loop, so
     that XLA's shape-dependent rewrites (in a batch, a loop-invariant operand is a
