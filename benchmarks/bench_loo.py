@@ -90,7 +90,7 @@ def _observed(family: str, rng, x, group, second, truth):
         return mean + noise
     if family == "logistic":
         return (rng.random(n) < 1 / (1 + np.exp(-mean))).astype(np.int64)
-    log_mu = 0.3 * (a[group] + x @ b)
+    log_mu = 0.3 * mean
     if family == "poisson":
         return rng.poisson(np.exp(log_mu))
     if family == "negbin":
@@ -108,35 +108,30 @@ def _observed(family: str, rng, x, group, second, truth):
     raise ValueError(f"{family=} is not one of {MODELS}")
 
 
-def _likelihood(family: str, pm, data, groups, seconds, a, b, extra):
+def _likelihood(family: str, pm, data, groups, seconds, a, b, extra, y) -> None:
     """`family`'s observed variable `y` (dims `obs`), in the current model."""
     mean = a[groups] + data @ b
-    if family == "hierarchical":
-        return lambda y: pm.Normal("y", mean, extra["sigma"], observed=y, dims="obs")
-    if family == "logistic":
-        return lambda y: pm.Bernoulli("y", logit_p=mean, observed=y, dims="obs")
     mu = pm.math.exp(0.3 * mean)
-    if family == "poisson":
-        return lambda y: pm.Poisson("y", mu, observed=y, dims="obs")
-    if family == "negbin":
+    observed = {"observed": y, "dims": "obs"}
+    if family == "hierarchical":
+        pm.Normal("y", mean, extra["sigma"], **observed)
+    elif family == "logistic":
+        pm.Bernoulli("y", logit_p=mean, **observed)
+    elif family == "poisson":
+        pm.Poisson("y", mu, **observed)
+    elif family == "negbin":
         mu = pm.math.exp(0.3 * mean + extra["s"][groups] * data[:, 0])
-        return lambda y: pm.NegativeBinomial(
-            "y", mu=mu, alpha=extra["alpha"], observed=y, dims="obs"
-        )
-    if family == "studentt":
-        sigma = extra["sigma_g"][groups]
-        return lambda y: pm.StudentT("y", nu=5.0, mu=mean, sigma=sigma, observed=y, dims="obs")
-    if family == "crossed_logit":
-        eta = mean + extra["c"][seconds]
-        return lambda y: pm.Bernoulli("y", logit_p=eta, observed=y, dims="obs")
-    if family == "gamma":
-        shape = extra["shape"]
-        return lambda y: pm.Gamma("y", alpha=shape, beta=shape / mu, observed=y, dims="obs")
-    if family == "zip":
-        return lambda y: pm.ZeroInflatedPoisson(
-            "y", psi=extra["psi"], mu=mu, observed=y, dims="obs"
-        )
-    raise ValueError(f"{family=} is not one of {MODELS}")
+        pm.NegativeBinomial("y", mu=mu, alpha=extra["alpha"], **observed)
+    elif family == "studentt":
+        pm.StudentT("y", nu=5.0, mu=mean, sigma=extra["sigma_g"][groups], **observed)
+    elif family == "crossed_logit":
+        pm.Bernoulli("y", logit_p=mean + extra["c"][seconds], **observed)
+    elif family == "gamma":
+        pm.Gamma("y", alpha=extra["shape"], beta=extra["shape"] / mu, **observed)
+    elif family == "zip":
+        pm.ZeroInflatedPoisson("y", psi=extra["psi"], mu=mu, **observed)
+    else:
+        raise ValueError(f"{family=} is not one of {MODELS}")
 
 
 # Each family's free variables beyond `a` and `b`: (its prior, its true value).
@@ -196,7 +191,7 @@ def build(rows: int, subset=None, family: str = "hierarchical"):
                     extra[name] = pm.Normal(name, 0, 1, shape=GROUPS)
                     draws = truth[value] + rng.normal(0, scale, size)
             posterior[name] = draws
-        _likelihood(family, pm, data, groups, seconds, a, b, extra)(y)
+        _likelihood(family, pm, data, groups, seconds, a, b, extra, y)
     import arviz
 
     if arviz.__version__.startswith("0."):

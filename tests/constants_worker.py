@@ -3,7 +3,7 @@ whose XLA dumps each program it compiles (for test_program_constants.py).
 
     XLA_FLAGS=--xla_dump_to=DIR python constants_worker.py ROUTE [ROUTE ...]
 
-ROUTE: `pymc` (postprocess_samples, compute_log_likelihood / log_prior / deterministics,
+ROUTE: `pymc` (compute_log_likelihood / log_prior / deterministics,
 sample_posterior_predictive, loo) or `numpyro` (Predictive, log_likelihood, loo). The pymc
 model is a Poisson regression with group intercepts (`exp(a[g] + x @ b)`), whose parameter
 check `mu >= 0` XLA can prove for every observation; the NumPyro one is its twin. The cache
