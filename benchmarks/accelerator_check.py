@@ -192,7 +192,7 @@ class _Watchdog(threading.Thread):
         self.min_bytes, self.proc, self.fired = min_bytes, None, False
 
     def run(self) -> None:
-        from pymc_chunkpost.profiling.internals import host_available_bytes
+        from _internals import host_available_bytes
 
         while True:
             proc = self.proc
@@ -331,8 +331,7 @@ def child_memory(setting: str) -> dict:
 
     settings = pc.configure_memory(**MEMORY_SETTINGS[setting])
     import jax
-
-    from pymc_chunkpost.profiling.internals import free_bytes
+    from _internals import free_bytes
 
     device = jax.devices()[0]
     result = {"setting": setting, "env": settings, "platform": device.platform}
@@ -675,11 +674,11 @@ def child_store(quick: str) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from _internals import wait_for_disk
     from pymc.sampling.jax import _postprocess_samples
 
     from pymc_chunkpost import postprocess_samples_with_plan as run
     from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws
-    from pymc_chunkpost.profiling.internals import wait_for_disk
 
     rows = []
     for name in ("eight_schools", "gp", "hierarchical"):
@@ -741,10 +740,10 @@ def child_host_output(n_obs: str, chunk_size: str, transfer: str) -> dict:
     _setup()
     import jax
     import numpy as np
+    from _internals import Transfer, compile_host_chunks, stream_to_host
     from pymc.sampling.jax import _postprocess_samples
 
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
-    from pymc_chunkpost.profiling.internals import Transfer, compile_host_chunks, stream_to_host
 
     planned = transfer == "auto"  # `postprocess_samples(..., "auto")`, as users call it
     n_obs, chunk_size = int(n_obs), int(chunk_size)

@@ -158,10 +158,10 @@ def child(gb: float, folder: str, codec: str, route: str = "deterministic") -> d
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from _internals import host_available_bytes
 
     import pymc_chunkpost as pc
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
-    from pymc_chunkpost.profiling.internals import host_available_bytes
     from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     n_obs = int(gb * 1e9 / (CHAINS * DRAWS * 8))
@@ -170,7 +170,7 @@ def child(gb: float, folder: str, codec: str, route: str = "deterministic") -> d
     raw = [jnp.asarray(x) for x in raw_draws(model, CHAINS, DRAWS, 0)]
     jax.block_until_ready(raw)
     if codec == "default":
-        from pymc_chunkpost.profiling.internals import use_disk_codec
+        from _internals import use_disk_codec
 
         use_disk_codec("auto")  # zarr's default codec (zstd)
     if route == "deterministic":

@@ -40,10 +40,10 @@ def child(case: str, n_obs: int, chains: int, draws: int, chunk_size: int) -> di
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from _internals import Transfer, compile_host_chunks, stream_to_host
 
     from pymc_chunkpost import chunked_vmap
     from pymc_chunkpost.profiling.fixtures import big_det, jax_fn, raw_draws
-    from pymc_chunkpost.profiling.internals import Transfer, compile_host_chunks, stream_to_host
     from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 
     model = big_det(n_obs=n_obs)
@@ -178,9 +178,8 @@ def compile_pinned_output(fn, specs, chunk_size):
     Its chunks are read as views (`Transfer.VIEW`): the copy is part of each chunk's program."""
     import jax
     import numpy as np
+    from _internals import host_chunk_function
     from jax.sharding import make_single_device_sharding
-
-    from pymc_chunkpost.profiling.internals import host_chunk_function
 
     sharding = make_single_device_sharding(jax.devices()[0])
     chains, draws = specs[0].shape[:2]

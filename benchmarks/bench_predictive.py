@@ -150,7 +150,7 @@ def child(case: str, method: str, measure: str) -> dict:
 def _record_phases(result: dict) -> None:
     """Where the cold call's time goes: graph (pytensor, rewrites, trace check), planning and
     XLA compiling (the engine's plan), recorded on the first call only."""
-    from pymc_chunkpost.profiling.internals import on_plan, time_step
+    from _internals import on_plan, time_step
 
     def recorded(plan):
         result.setdefault("compile_s", plan.compile_seconds)
@@ -208,7 +208,7 @@ def rng_child(impl: str) -> dict:
     jax.config.update("jax_enable_x64", True)
     draw, options = jax.random.normal, {}
     if impl in (ROUTE, ROUTE_XLA_WIDTH):
-        from pymc_chunkpost.profiling.internals import (
+        from _internals import (
             PREFER_VECTOR_WIDTH,
             current,
             route_standard_normal,
@@ -222,7 +222,7 @@ def rng_child(impl: str) -> dict:
         ROUTE,
         ROUTE_XLA_WIDTH,
     ):  # threefry's bits, the hash unrolled (the route's samplers')
-        from pymc_chunkpost.profiling.internals import unrolled_threefry
+        from _internals import unrolled_threefry
 
         key = jax.random.wrap_key_data(
             jax.random.key_data(jax.random.key(0)), impl=unrolled_threefry()

@@ -82,9 +82,9 @@ def child(case: str, name: str, draws: int, tune: int) -> dict:
     """One case, in this process: the seconds spent post-processing and in `pm.sample`."""
     import pymc as pm
     import pymc.sampling.jax as pmjax
+    from _internals import on_plan
 
     import pymc_chunkpost
-    from pymc_chunkpost.profiling.internals import on_plan
     from pymc_chunkpost.profiling.proc import PeakRss, status_bytes
 
     if case != "pymc":

@@ -31,7 +31,7 @@ from jax._src import compiler
 from jax._src.interpreters import mlir
 from pymc.sampling.jax import _postprocess_samples
 from pymc_chunkpost import postprocess_samples_with_plan
-from pymc_chunkpost.profiling import internals
+import _internals as internals
 from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn
 spec = FIXTURES[model]
 built = spec.build()

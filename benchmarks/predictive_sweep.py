@@ -84,8 +84,9 @@ def _cell(case: str, plan: str) -> dict:
     def build(case):
         return build_unseen(case) if case in UNSEEN else build_seen(case)
 
+    from _internals import on_plan
+
     import pymc_chunkpost as pc
-    from pymc_chunkpost.profiling.internals import on_plan
 
     model, posterior = build(case)
     jax.jit(lambda x: x + 1)(1.0).block_until_ready()

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._extras import MissingExtraError, require
-from ._version import __version__
+from ._support.extras import MissingExtraError, require
+from ._support.version import __version__
 
 if TYPE_CHECKING:
     from .profiling.harness import CaseResult

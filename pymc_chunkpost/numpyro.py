@@ -8,16 +8,16 @@ a `with` block) routes numpyro's own names to them, for code that calls those (A
 `pymc_chunkpost` alone never imports numpyro.
 """
 
-from ._extras import require as _require
+from ._support.extras import require as _require
 
 _require("numpyro", extra="numpyro")
 
-from ._loo import numpyro_loo as loo  # noqa: E402
-from ._numpyro import Predictive as Predictive  # noqa: E402
-from ._numpyro import log_likelihood as log_likelihood  # noqa: E402
-from ._numpyro_patch import is_patched as is_patched  # noqa: E402
-from ._numpyro_patch import patch as patch  # noqa: E402
-from ._numpyro_patch import patched as patched  # noqa: E402
-from ._numpyro_patch import unpatch as unpatch  # noqa: E402
+from ._numpyro.loo import numpyro_loo as loo  # noqa: E402
+from ._numpyro.patch import is_patched as is_patched  # noqa: E402
+from ._numpyro.patch import patch as patch  # noqa: E402
+from ._numpyro.patch import patched as patched  # noqa: E402
+from ._numpyro.patch import unpatch as unpatch  # noqa: E402
+from ._numpyro.routes import Predictive as Predictive  # noqa: E402
+from ._numpyro.routes import log_likelihood as log_likelihood  # noqa: E402
 
 __all__ = ["Predictive", "is_patched", "log_likelihood", "loo", "patch", "patched", "unpatch"]

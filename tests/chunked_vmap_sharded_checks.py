@@ -27,7 +27,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import test_chunked_vmap as base  # noqa: E402
 
-from pymc_chunkpost import _chunked, chunked_vmap  # noqa: E402
+from pymc_chunkpost import chunked_vmap  # noqa: E402
+from pymc_chunkpost._engine.kernels import chunked as _chunked  # noqa: E402
 
 N = 12  # 3 items per device: chunks of 2 overlap at the end of each shard, chunks of 3 do not.
 CHECKS = {}

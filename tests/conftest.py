@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import models  # noqa: E402
 
-from pymc_chunkpost._config import configured  # noqa: E402
+from pymc_chunkpost._support.config import configured  # noqa: E402
 
 
 @pytest.fixture

@@ -73,9 +73,9 @@ def _run(process_id: int, num_processes: int, reference: str) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     import models
 
-    from pymc_chunkpost import _program
-    from pymc_chunkpost._config import configured
-    from pymc_chunkpost._postprocess import run
+    from pymc_chunkpost._engine.call.postprocess import run
+    from pymc_chunkpost._engine.execute import program as _program
+    from pymc_chunkpost._support.config import configured
 
     assert jax.process_index() == process_id and jax.process_count() == num_processes
     assert len(jax.local_devices()) == LOCAL_DEVICES
@@ -190,7 +190,7 @@ def _refuses_replicated(jax_fn, full, mesh) -> dict:
     any work, and the draws are intact."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from pymc_chunkpost._postprocess import run
+    from pymc_chunkpost._engine.call.postprocess import run
 
     sharding = NamedSharding(mesh, PartitionSpec())
     raw = [jax.make_array_from_process_local_data(sharding, x, x.shape) for x in full]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from pymc.sampling.jax import _postprocess_samples as pymc_postprocess
 
-from pymc_chunkpost import _disk_output, _executor, _problem
-from pymc_chunkpost._program import Request
-from pymc_chunkpost._types import Loop
+from pymc_chunkpost._engine.data import problem as _problem
+from pymc_chunkpost._engine.data.types import Loop
+from pymc_chunkpost._engine.execute import disk_sink as _disk_sink
+from pymc_chunkpost._engine.execute import executor as _executor
+from pymc_chunkpost._engine.execute.program import Request
 
 
 def reference(jax_fn, raw):
@@ -56,6 +59,18 @@ class FakeAccelerator:
 def problem_of(jax_fn, raw, device=None):
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in raw]
     return _problem.analyse(jax_fn, specs, device or jax.devices()[0])
+
+
+def facts_of(problem, budget, *, output_memory="auto", disk=False):
+    """The call's facts as `run` gathers them for "auto", with `budget` bytes per device
+    (None: no limit) in place of the free memory."""
+    from pymc_chunkpost._engine.plan import facts as _facts
+
+    given = 2**62 if budget is None else budget * problem.n_local_shards
+    facts = _facts.gather(
+        problem, "auto", memory_budget=given, output_memory=output_memory, disk=disk
+    )
+    return dataclasses.replace(facts, budget=_facts.Fact(budget, "the test's"))
 
 
 def compile_for(jax_fn, raw, strategy, size=None, loop=None, donate=(), progress=False):
@@ -118,7 +133,7 @@ class Stop(Exception):
 def fail_after(monkeypatch, n_writes):
     """Make the disk tier's writer fail with `Stop` at its `n_writes + 1`-th region write
     (a chunk writes one region per computed output). Returns the count of writes so far."""
-    write = _disk_output._write_items
+    write = _disk_sink._write_items
     count = [0]
 
     def failing(*args):
@@ -127,7 +142,7 @@ def fail_after(monkeypatch, n_writes):
             raise Stop("injected")
         return write(*args)
 
-    monkeypatch.setattr(_disk_output, "_write_items", failing)
+    monkeypatch.setattr(_disk_sink, "_write_items", failing)
     return count
 
 
@@ -138,7 +153,7 @@ def read_only(folder, monkeypatch):
     folder.mkdir()
     folder.chmod(0o500)
     if os.geteuid() == 0:
-        monkeypatch.setattr(_disk_output.os, "access", lambda path, mode: False)
+        monkeypatch.setattr(_disk_sink.os, "access", lambda path, mode: False)
     try:
         yield folder
     finally:

@@ -14,7 +14,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 from pymc.sampling.jax import _postprocess_samples as pymc_postprocess  # noqa: E402
 
-from pymc_chunkpost import _compat, _postprocess  # noqa: E402
+from pymc_chunkpost._engine.call import postprocess as _postprocess  # noqa: E402
+from pymc_chunkpost._support import compat as _compat  # noqa: E402
 from pymc_chunkpost.profiling.fixtures import FIXTURES, jax_fn, raw_draws  # noqa: E402
 
 if "--unfixed" in sys.argv:  # shows the deadlock on jaxlib 0.10: never returns

@@ -27,7 +27,7 @@ import pymc as pm
 import pymc.sampling.jax as pmjax
 
 import pymc_chunkpost
-from pymc_chunkpost import _postprocess
+from pymc_chunkpost._engine.call import postprocess as _postprocess
 
 PYMC6 = int(pm.__version__.split(".")[0]) >= 6
 

@@ -9,7 +9,8 @@ import models
 import pytest
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executor, _problem
+from pymc_chunkpost._engine.data import problem as _problem
+from pymc_chunkpost._engine.execute import executor as _executor
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,11 @@ import models
 import pytest
 from helpers import assert_same, reference
 
-from pymc_chunkpost import _compat, _memory, _postprocess, _problem, clear_caches
+from pymc_chunkpost import clear_caches
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.data import problem as _problem
+from pymc_chunkpost._support import compat as _compat
+from pymc_chunkpost._support import memory as _memory
 
 
 @pytest.fixture

@@ -18,8 +18,11 @@ import pytest
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pymc_chunkpost import _compat, _executable_store, _postprocess, _resources
-from pymc_chunkpost._jaxpr_eval import draw_major_fun
+from pymc_chunkpost._engine.call import draws as _draws
+from pymc_chunkpost._engine.execute import executable_store as _executable_store
+from pymc_chunkpost._engine.kernels.jaxpr_eval import draw_major_fun
+from pymc_chunkpost._engine.plan import resources as _resources
+from pymc_chunkpost._support import compat as _compat
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +48,7 @@ def test_lapack_shards_run_one_after_another_only_on_a_jaxlib_that_deadlocks(mon
 
     mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("chain",))
     draws = jax.device_put(np.ones((4, 2, 3, 3)), NamedSharding(mesh, PartitionSpec("chain")))
-    problem, _ = _postprocess._validate(per_draw, [draws], None)
+    problem, _ = _draws.validate(per_draw, [draws], None)
     reason = _resources.shard_by_shard(problem)
     assert (reason is not None) is _compat.lapack_may_deadlock(), reason
 
@@ -87,7 +90,7 @@ def test_library_fusions_are_read_from_the_hlo_and_turned_off_by_the_option():
 def test_batching_rules_are_found_and_their_absence_maps_with_vmap(monkeypatch):
     """jax 0.10 and 0.12 keep the elementwise batching rules where `_compat` reads them; a jax
     without them maps every equation with `jax.vmap`, to the same values."""
-    from pymc_chunkpost import _jaxpr_eval
+    from pymc_chunkpost._engine.kernels import jaxpr_eval as _jaxpr_eval
 
     vectorized, broadcast, rules = _compat.elementwise_batchers()
     assert vectorized is not None and broadcast is not None and rules
@@ -222,7 +225,7 @@ def test_the_vector_width_option_is_known_or_compiled_without():
     """This XLA knows `PREFER_VECTOR_WIDTH` (jaxlib 0.10.2 and 0.12.1). One that rejects it
     compiles the step without it; any other error, or that one where the option was not
     asked, is raised."""
-    from pymc_chunkpost._executor import _compile_step
+    from pymc_chunkpost._engine.execute.executor import _compile_step
 
     lowered = jax.jit(lambda v: v * 2.0).lower(jnp.ones(3))
     compiled = lowered.compile(compiler_options={_compat.PREFER_VECTOR_WIDTH: 512})
@@ -264,7 +267,7 @@ def test_special_functions_convert_on_this_pytensor_and_its_dispatch_is_left_as_
     from pytensor.link.jax.dispatch import jax_funcify
     from pytensor.scalar import math as scalar_math
 
-    from pymc_chunkpost._graph import funcify
+    from pymc_chunkpost._pymc.graph import funcify
 
     def converts_itself(op) -> bool:
         try:

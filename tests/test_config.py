@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from pymc_chunkpost._config import EVIDENCE, PlannerConfig, configured, current
+from pymc_chunkpost._support.config import EVIDENCE, PlannerConfig, configured, current
 
 
 def test_every_field_has_a_reason_and_evidence():

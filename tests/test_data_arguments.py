@@ -17,7 +17,10 @@ import pytest
 from helpers import assert_same, reference
 
 import pymc_chunkpost
-from pymc_chunkpost import _executor, _posthoc, _postprocess, clear_caches
+from pymc_chunkpost import clear_caches
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.execute import executor as _executor
+from pymc_chunkpost._pymc import posthoc as _posthoc
 
 pm = pytest.importorskip("pymc")
 

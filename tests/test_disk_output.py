@@ -23,9 +23,12 @@ from helpers import (
 )
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _disk_output, _postprocess, _resources
-from pymc_chunkpost._extras import MissingExtraError
-from pymc_chunkpost._memory import OUTPUT_PATH_ENV
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.execute import disk_sink as _disk_sink
+from pymc_chunkpost._engine.plan import resources as _resources
+from pymc_chunkpost._store import zarr as _zarr_store
+from pymc_chunkpost._support.extras import MissingExtraError
+from pymc_chunkpost._support.memory import OUTPUT_PATH_ENV
 
 zarr = pytest.importorskip("zarr")
 xr = pytest.importorskip("xarray")
@@ -108,7 +111,7 @@ def test_open_outputs_reports_a_complete_store(tmp_path):
     stored = pc.open_outputs(path, require_complete=True)
     assert stored.complete and stored.items_written == stored.n_items == 150
     assert sorted(stored.arrays) == [f"posterior/output_{j}" for j in range(3)]
-    assert not (path / _disk_output.MARKERS).exists()  # a complete store needs no markers
+    assert not (path / _zarr_store.MARKERS).exists()  # a complete store needs no markers
     with pytest.raises(ValueError, match="holds no outputs"):
         pc.open_outputs(tmp_path)
 
@@ -152,10 +155,10 @@ def test_each_chunk_is_on_the_disk_before_its_marker(tmp_path, monkeypatch):
     (`fsync`); the marker flushed before the next chunk; and before `complete`, every file
     of the store, the root's metadata after it."""
     events = []
-    fsync, mark = _disk_output._fsync, _disk_output._mark
-    monkeypatch.setattr(_disk_output, "_fsync", lambda p: (events.append(p), fsync(p))[1])
+    fsync, mark = _zarr_store._fsync, _disk_sink._mark
+    monkeypatch.setattr(_zarr_store, "_fsync", lambda p: (events.append(p), fsync(p))[1])
     monkeypatch.setattr(
-        _disk_output, "_mark", lambda f, a, b: (events.append((a, b)), mark(f, a, b))[1]
+        _disk_sink, "_mark", lambda f, a, b: (events.append((a, b)), mark(f, a, b))[1]
     )
     path = tmp_path / "store"
     pc.postprocess_samples(per_draw, draws(), output_memory="disk", output_path=path, chunk_size=10)
@@ -173,8 +176,8 @@ def test_each_chunk_is_on_the_disk_before_its_marker(tmp_path, monkeypatch):
         for file in files:
             assert file in synced, (a, file)
             assert {p for p in file.parents if path in p.parents or p == path} <= synced
-        marker = path / _disk_output.MARKERS / f"{a}_{a + 10}"
-        assert events[i + 1] == marker and path / _disk_output.MARKERS in events[i + 2 : i + 4]
+        marker = path / _zarr_store.MARKERS / f"{a}_{a + 10}"
+        assert events[i + 1] == marker and path / _zarr_store.MARKERS in events[i + 2 : i + 4]
         before = i + 1
     stored = {f for f in path.rglob("*") if f.is_file()}
     assert stored <= set(events[marks[-1] :])  # every file of the store, before `complete`
@@ -219,7 +222,7 @@ def test_the_inputs_digest_reads_values_as_the_program_does():
     copy of its values (jax's own `np.asarray` would keep one on it)."""
     x = np.arange(12.0).reshape(4, 3)
     dtype = np.float64 if jax.config.read("jax_enable_x64") else np.float32
-    base = _disk_output.inputs_digest([x], [dtype], [], "f at 0x7f00")
+    base = _disk_sink.inputs_digest([x], [dtype], [], "f at 0x7f00")
     devices = jax.devices("cpu")[:2]  # over two devices, jax's `np.asarray` copies and keeps
 
     def on_devices():
@@ -230,18 +233,18 @@ def test_the_inputs_digest_reads_values_as_the_program_does():
     on_device = on_devices()
     same = [x.astype(">f8"), np.asfortranarray(x), on_device, x.astype(dtype)]
     for given in same:
-        assert _disk_output.inputs_digest([given], [dtype], [], "f at 0x7f00") == base
+        assert _disk_sink.inputs_digest([given], [dtype], [], "f at 0x7f00") == base
     assert getattr(on_device, "_npy_value", None) is None
     data = on_devices()  # numpyro's data, keyed by their digest, keep no copy either
     pytest.importorskip("numpyro")
-    from pymc_chunkpost import _numpyro
+    from pymc_chunkpost._numpyro import trace as _trace
 
-    assert _numpyro._digest(data) == _numpyro._digest(x)
+    assert _trace._digest(data) == _trace._digest(x)
     assert getattr(data, "_npy_value", None) is None
-    assert _disk_output.inputs_digest([x], [dtype], [], "f at 0x7f11") == base  # an address
-    assert _disk_output.inputs_digest([x + 1], [dtype], [], "f at 0x7f00") != base
-    assert _disk_output.inputs_digest([x], [dtype], [x[:1]], "f at 0x7f00") != base
-    assert _disk_output.inputs_digest([x], [dtype], [], "g at 0x7f00") != base
+    assert _disk_sink.inputs_digest([x], [dtype], [], "f at 0x7f11") == base  # an address
+    assert _disk_sink.inputs_digest([x + 1], [dtype], [], "f at 0x7f00") != base
+    assert _disk_sink.inputs_digest([x], [dtype], [x[:1]], "f at 0x7f00") != base
+    assert _disk_sink.inputs_digest([x], [dtype], [], "g at 0x7f00") != base
 
 
 def test_resume_refuses_other_data_of_a_nested_program(tmp_path, monkeypatch):
@@ -276,14 +279,14 @@ import jax.numpy as jnp
 
 jax.config.update("jax_enable_x64", True)  # as pymc sets it in the test process
 import pymc_chunkpost as pc
-from pymc_chunkpost import _disk_output
+from pymc_chunkpost._engine.execute import disk_sink as _disk_sink
 
 def per_draw(x, y):
     return x, jnp.sin(x)[..., None] * jnp.arange(40.0) + y[..., :1], (y**2).sum()
 
 rng = np.random.default_rng(0)
 raw = [rng.normal(size=(3, 50)), rng.normal(size=(3, 50, 4))]
-write, count = _disk_output._write_items, [0]
+write, count = _disk_sink._write_items, [0]
 
 def killed(*args):
     count[0] += 1
@@ -291,7 +294,7 @@ def killed(*args):
         os.kill(os.getpid(), signal.SIGKILL)
     return write(*args)
 
-_disk_output._write_items = killed
+_disk_sink._write_items = killed
 pc.postprocess_samples(per_draw, raw, output_memory="disk", output_path=sys.argv[1], chunk_size=10)
 """
 
@@ -310,7 +313,7 @@ def test_a_killed_run_never_reads_as_complete_and_resumes(tmp_path):
     stored = pc.open_outputs(path)
     # Chunks 0-5 were written whole; a chunk is marked once flushed, behind the writes: the
     # markers are those of the first chunks, none past them.
-    marked = sorted(_disk_output._read_markers(path / _disk_output.MARKERS))
+    marked = sorted(_zarr_store._read_markers(path / _zarr_store.MARKERS))
     assert not stored.complete and marked == [(a, a + 10) for a in range(0, len(marked) * 10, 10)]
     assert stored.items_written == 10 * len(marked) <= 60
     raw = draws()
@@ -360,7 +363,7 @@ def test_options_are_checked_before_any_work(tmp_path, monkeypatch):
             resume=True,
         )
     monkeypatch.setattr(
-        _disk_output.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})()
+        _disk_sink.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})()
     )
     with pytest.raises(ValueError, match=r"need .* MiB on disk, but .* has 0.0 MiB free"):
         run(output_memory="disk", output_path=tmp_path / "b")
@@ -542,16 +545,16 @@ def test_whole_chunks_are_written_as_their_files_and_read_back_by_zarr(
 ):
     """Chunks that are whole Zarr chunks of an uncompressed array go straight to their files
     (`_ChunkFiles`); with a codec, zarr writes them; zarr reads the same values either way."""
-    monkeypatch.setattr(_disk_output, "COMPRESSORS", compressors)
+    monkeypatch.setattr(_disk_sink, "COMPRESSORS", compressors)
     written = []
-    write = _disk_output._ChunkFiles.write
+    write = _disk_sink._ChunkFiles.write
 
     def spy(self, *args):
         done = write(self, *args)
         written.append(done)
         return done
 
-    monkeypatch.setattr(_disk_output._ChunkFiles, "write", spy)
+    monkeypatch.setattr(_disk_sink._ChunkFiles, "write", spy)
     raw = draws(3, 50)
     outputs = pc.postprocess_samples(
         per_draw, raw, output_memory="disk", output_path=tmp_path / "s", chunk_size=10
@@ -568,7 +571,7 @@ def test_auto_on_an_accelerator_goes_to_disk_past_host_memory(wide, monkeypatch)
 
     from helpers import FakeAccelerator
 
-    from pymc_chunkpost._problem import Placement
+    from pymc_chunkpost._engine.data.problem import Placement
 
     model, jax_fn = wide
     problem = problem_of(jax_fn, models.raw_draws(model, 4, 100))

@@ -23,8 +23,9 @@ import test_patch  # noqa: E402
 from test_patch import PYMC6, _sample  # noqa: E402
 
 import pymc_chunkpost as pc  # noqa: E402
-from pymc_chunkpost import _disk_output  # noqa: E402
-from pymc_chunkpost._memory import OUTPUT_PATH_ENV  # noqa: E402
+from pymc_chunkpost._engine.execute import disk_sink as _disk_sink  # noqa: E402
+from pymc_chunkpost._store import zarr as _zarr_store  # noqa: E402
+from pymc_chunkpost._support.memory import OUTPUT_PATH_ENV  # noqa: E402
 
 # test_patch's fixtures: its model, the NUTS step replaced, the engine's calls recorded.
 model, fake_nuts, spy = test_patch.model, test_patch.fake_nuts, test_patch.spy
@@ -82,7 +83,7 @@ def test_store_holds_the_groups_pymc_returns(model, tmp_path, entry):
         *(f"posterior/{v}" for v in dataset(theirs, "posterior").data_vars),
         *(f"log_likelihood/{v}" for v in dataset(theirs, "log_likelihood").data_vars),
     }
-    assert not (path / _disk_output.PARTS).exists()
+    assert not (path / _zarr_store.PARTS).exists()
 
 
 def test_configure_memory_default_path(model, fake_nuts, tmp_path, monkeypatch):
@@ -116,7 +117,7 @@ def _a_store(path, monkeypatch):
 def _read_only(path, monkeypatch):
     path.parent.chmod(0o500)
     if os.geteuid() == 0:  # root may write anywhere: the check is shown what a user sees
-        monkeypatch.setattr(_disk_output.os, "access", lambda path, mode: False)
+        monkeypatch.setattr(_disk_sink.os, "access", lambda path, mode: False)
     return "cannot be written"
 
 
@@ -163,7 +164,7 @@ def test_bad_disk_options_are_refused_before_sampling(
 def test_no_room_after_sampling_says_what_is_lost(model, fake_nuts, tmp_path, monkeypatch):
     """The exact bytes, checked again once pymc's shapes are known: a refusal then says that
     NUTS ran, under pymc's option name, and leaves no store."""
-    from pymc_chunkpost import _sample_store
+    from pymc_chunkpost._pymc import sample_store as _sample_store
 
     next_run, usage = _sample_store.SampleStore.next_run, shutil.disk_usage(tmp_path)
 
@@ -185,7 +186,7 @@ def test_a_failed_run_leaves_no_store(model, fake_nuts, tmp_path, monkeypatch):
     def broken(path, group, dataset):
         raise OSError("disk full")
 
-    monkeypatch.setattr(_disk_output, "write_dataset", broken)
+    monkeypatch.setattr(_zarr_store, "write_dataset", broken)
     path = tmp_path / "store"
     with pc.patched(), pytest.raises(OSError, match="disk full"):
         _sample("pm.sample", "numpyro", model, disk(path))
@@ -209,7 +210,7 @@ def test_a_failure_keeps_the_callers_folder_and_a_complete_store(
     def broken(path, group, dataset):
         raise OSError("disk full")
 
-    monkeypatch.setattr(_disk_output, "write_dataset", broken)
+    monkeypatch.setattr(_zarr_store, "write_dataset", broken)
     with pc.patched(), pytest.raises(OSError, match="disk full"):
         _sample("pm.sample", "numpyro", model, disk(path))
     assert path.is_dir() and not any(path.iterdir())
@@ -217,7 +218,7 @@ def test_a_failure_keeps_the_callers_folder_and_a_complete_store(
     def failed_removal(*args, **kwargs):
         raise PermissionError("busy")
 
-    from pymc_chunkpost import _sample_store
+    from pymc_chunkpost._pymc import sample_store as _sample_store
 
     monkeypatch.setattr(_sample_store, "shutil", types.SimpleNamespace(rmtree=failed_removal))
     other = tmp_path / "other"

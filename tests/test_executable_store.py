@@ -21,7 +21,10 @@ import pytest
 from helpers import assert_same, count_compiles, problem_of, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pymc_chunkpost import Loop, _disk, _executable_store, _postprocess, clear_caches
+from pymc_chunkpost import Loop, clear_caches
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.execute import executable_store as _executable_store
+from pymc_chunkpost._support import disk as _disk
 from pymc_chunkpost.profiling import fixtures
 
 
@@ -490,7 +493,7 @@ def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
     """The real failure behind `Portable`'s invariant, broken on purpose: moved from the bytes
     of a loaded executable, serialized again, jaxlib 0.10's CPU executable loads, then fails
     at its first call. The shard is compiled on its own device instead."""
-    from pymc_chunkpost._compat import jaxlib_version
+    from pymc_chunkpost._support.compat import jaxlib_version
 
     if jaxlib_version() > (0, 10):
         pytest.skip("later jaxlib serialize a loaded executable whole: nothing fails")
@@ -522,7 +525,7 @@ def test_an_executable_from_a_loaded_one_fails_to_run_and_is_compiled_here(
 def test_a_failure_of_a_compiled_executable_is_raised(cache, monkeypatch):
     """Only what this process did not compile is compiled again: any other failure is the
     caller's to see, and the draws are untouched."""
-    from pymc_chunkpost import _executor
+    from pymc_chunkpost._engine.execute import executor as _executor
 
     model = models.structured()
     jax_fn = models.jax_fn(model)
@@ -558,8 +561,9 @@ def test_a_tuner_step_not_compiled_here_is_retried():
     compiled: its failure is retried as the plan's would be."""
     import types
 
-    from pymc_chunkpost._planner import Attempt, retries
-    from pymc_chunkpost._types import Origin
+    from pymc_chunkpost._engine.data.types import Origin
+    from pymc_chunkpost._engine.plan.attempt import Attempt
+    from pymc_chunkpost._engine.plan.planner import retries
 
     exe = types.SimpleNamespace(origin=Origin.COMPILED)
     loaded = types.SimpleNamespace(origin=Origin.LOADED)

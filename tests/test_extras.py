@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pymc_chunkpost._extras import MissingExtraError, require
+from pymc_chunkpost._support.extras import MissingExtraError, require
 
 
 def test_an_installed_module_is_returned():

@@ -16,7 +16,7 @@ pm = pytest.importorskip("pymc")
 
 import models  # noqa: E402
 
-from pymc_chunkpost import _graph  # noqa: E402
+from pymc_chunkpost._pymc import graph as _graph  # noqa: E402
 
 
 def lkj_log_prior_graph():

@@ -15,12 +15,16 @@ import json
 import jax.numpy as jnp
 import models
 import pytest
-from helpers import FakeAccelerator, count_compiles, problem_of, run_script
+from helpers import FakeAccelerator, count_compiles, facts_of, problem_of, run_script
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _memory, _planner, _resources
-from pymc_chunkpost._config import configured, current
-from pymc_chunkpost._problem import Placement
+from pymc_chunkpost._engine.data.problem import Placement
+from pymc_chunkpost._engine.plan import device as _device
+from pymc_chunkpost._engine.plan import host as _host
+from pymc_chunkpost._engine.plan import planner as _planner
+from pymc_chunkpost._engine.plan import resources as _resources
+from pymc_chunkpost._support import memory as _memory
+from pymc_chunkpost._support.config import configured, current
 
 MiB = 2**20
 
@@ -38,7 +42,8 @@ def asked(monkeypatch):
         sizes.append(request.chunk_size)
         raise _Asked
 
-    monkeypatch.setattr(_planner, "_compile", record)
+    for module in (_host, _device):  # where the first attempt compiles
+        monkeypatch.setattr(module, "try_compile", record)
     return sizes
 
 
@@ -55,11 +60,14 @@ def _plenty(problem):
     return current().host_margin_bytes + 100 * problem.output_bytes
 
 
-def _plan_on_tpu(jax_fn, problem, device_free, host_free, monkeypatch, **kwargs):
+def _plan_on_tpu(
+    jax_fn, problem, device_free, host_free, monkeypatch, output_memory="auto", **kwargs
+):
     monkeypatch.setattr(_resources, "host_free_bytes", lambda: host_free)
     device = FakeAccelerator(device_free, "tpu")
     problem = dataclasses.replace(problem, placement=Placement(device))
-    return _planner.first_attempt(jax_fn, problem, "auto", device_free, **kwargs)
+    facts = facts_of(problem, device_free, output_memory=output_memory)
+    return _planner.first_attempt(jax_fn, facts, "auto", **kwargs)
 
 
 def test_an_accelerators_chunk_is_bounded_by_the_hosts_staging(wide_problem, asked, monkeypatch):

@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 from helpers import assert_same, reference
 
-from pymc_chunkpost._config import configured
-from pymc_chunkpost._host_output import (
+from pymc_chunkpost._engine.execute.host_output import (
     Transfer,
     chunk_starts,
     compile_host_chunks,
@@ -28,6 +27,7 @@ from pymc_chunkpost._host_output import (
     host_chunk_function,
     stream_to_host,
 )
+from pymc_chunkpost._support.config import configured
 
 # (chains, draws, chunk_size): a chunk that divides chains x draws, one that does not (the
 # last chunk overlaps the one before), one draw, and a chunk larger than chains x draws.
@@ -69,7 +69,7 @@ def test_chunks_written_by_several_threads_match_pymc(built, transfer, threads, 
     """An accelerator's landed chunk written in slices by several threads (slices of a byte:
     as many as the threads, or the chunk's draws): the same outputs, and the threads are
     used (one writes the first slice, the pool the others)."""
-    from pymc_chunkpost import _host_output
+    from pymc_chunkpost._engine.execute import host_output as _host_output
 
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 31)]
@@ -96,7 +96,7 @@ def test_chunks_written_by_several_threads_match_pymc(built, transfer, threads, 
 def test_outputs_populated_ahead_match_pymc(built, populate_threads, monkeypatch):
     """An accelerator's outputs faulted in ahead of the landing by threads that write zeros
     into their pages, a block per page: every output equals pymc's."""
-    from pymc_chunkpost import _host_output
+    from pymc_chunkpost._engine.execute import host_output as _host_output
 
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 31)]
@@ -121,7 +121,7 @@ def _late_populating(monkeypatch, delay):
     import concurrent.futures
     import time
 
-    from pymc_chunkpost import _host_output
+    from pymc_chunkpost._engine.execute import host_output as _host_output
 
     class Late(concurrent.futures.ThreadPoolExecutor):
         def submit(self, fn, /, *args, **kwargs):
@@ -149,7 +149,7 @@ def test_populating_never_writes_a_landed_block(monkeypatch):
     (without the wait, the rows landed before the threads start get zero bytes)."""
     import time
 
-    from pymc_chunkpost import _host_output
+    from pymc_chunkpost._engine.execute import host_output as _host_output
 
     n, size = 64, 4
     per_draw, raw, spec, want = _rows_of(n)
@@ -168,7 +168,7 @@ def test_a_failing_populating_thread_leaves_the_landing_to_touch_the_pages(monke
     the populating; the landing waits for nothing more and writes every value."""
     import threading
 
-    from pymc_chunkpost import _host_output
+    from pymc_chunkpost._engine.execute import host_output as _host_output
 
     n, size = 64, 4
     per_draw, raw, spec, want = _rows_of(n)

@@ -12,9 +12,9 @@ import pytest
 from helpers import assert_same, compile_for, reference
 from jax.extend.core import jaxpr_as_fun
 
-from pymc_chunkpost._config import current
-from pymc_chunkpost._jaxpr_eval import draw_major_fun
-from pymc_chunkpost._program import flattens_vmap
+from pymc_chunkpost._engine.execute.program import flattens_vmap
+from pymc_chunkpost._engine.kernels.jaxpr_eval import draw_major_fun
+from pymc_chunkpost._support.config import current
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(300, 4))  # data: the per-draw function's constants
@@ -73,13 +73,13 @@ def test_a_regression_mean_needs_no_temporary_as_large_as_the_outputs(built):
 
 
 def _run(jax_fn, raw):
-    from pymc_chunkpost import _postprocess
+    from pymc_chunkpost._engine.call import postprocess as _postprocess
 
     return _postprocess.run(jax_fn, [jnp.asarray(x) for x in raw], None, "vmap")
 
 
 def _gathered(fn, *shapes):
-    from pymc_chunkpost._problem import _gathered_bytes
+    from pymc_chunkpost._engine.data.problem import _gathered_bytes
 
     closed = jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(s, np.float64) for s in shapes])
     return _gathered_bytes(closed.jaxpr, [True] * len(shapes))
@@ -233,7 +233,7 @@ def every_equation_scheduled(configure):
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_over_draws_is_vmap_bit_for_bit(n, dtype, every_equation_scheduled):
-    from pymc_chunkpost._jaxpr_eval import vmap_draws
+    from pymc_chunkpost._engine.kernels.jaxpr_eval import vmap_draws
 
     args = _mixed_args(dtype, n)
     specs = [jax.ShapeDtypeStruct(a.shape[n:], a.dtype) for a in args]
@@ -344,7 +344,7 @@ def test_what_vmap_lays_out_otherwise_stays_in_the_tail(fun, shape, pays, n):
 
 
 def _nested(draws, n):
-    from pymc_chunkpost._jaxpr_eval import _nested_vmap
+    from pymc_chunkpost._engine.kernels.jaxpr_eval import _nested_vmap
 
     return _nested_vmap(draws.__call__, n)
 
@@ -403,7 +403,7 @@ def test_exact_product_is_the_product(lhs_shape, rhs_shape, numbers):
     rounding, in float32 within a float32 product's error of the float64 one."""
     from jax import lax
 
-    from pymc_chunkpost._jaxpr_eval import _exact_product
+    from pymc_chunkpost._engine.kernels.jaxpr_eval import _exact_product
 
     lhs, rhs = RNG.normal(size=lhs_shape), RNG.normal(size=rhs_shape)
     want = lax.dot_general(lhs, rhs, numbers)

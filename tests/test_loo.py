@@ -18,7 +18,9 @@ xr = pytest.importorskip("xarray")
 pt = pytest.importorskip("pytensor.tensor")
 
 import pymc_chunkpost  # noqa: E402
-from pymc_chunkpost import _loo, _psis  # noqa: E402
+from pymc_chunkpost._pymc import loo as _loo  # noqa: E402
+from pymc_chunkpost._stats import loo as _stats_loo  # noqa: E402
+from pymc_chunkpost._stats import psis as _psis  # noqa: E402
 
 GENERATION = _psis.arviz_generation()
 CHAINS, DRAWS = 4, 100
@@ -368,7 +370,7 @@ def test_on_an_accelerator_small_loo_runs_on_the_host(monkeypatch):
     """The policy (`_resources.loo_backend`): the caller's backend where named; on a CPU the
     default; on an accelerator the host CPU up to `loo_host_values_per_core` a core, the
     device above. `loo` hands the engine what it decides, with ArviZ's numbers."""
-    from pymc_chunkpost import _resources
+    from pymc_chunkpost._engine.plan import resources as _resources
 
     monkeypatch.setattr(_resources, "cpu_cores", lambda: 4)
     limit = 4 * _resources.current().loo_host_values_per_core
@@ -422,18 +424,18 @@ def test_progressbar_is_one_bar_over_the_observations(capsys):
 
 def test_psis_parts_are_capped_and_give_the_same_numbers(monkeypatch):
     """A host of many cores smooths in at most `psis_parts` threads, with ArviZ's numbers."""
-    from pymc_chunkpost._config import configured
+    from pymc_chunkpost._support.config import configured
 
     model, draws = hierarchical()
     idata, reference = _reference(model, draws)
-    pools, executor = [], _loo.ThreadPoolExecutor
+    pools, executor = [], _stats_loo.ThreadPoolExecutor
 
     def recorded(max_workers, thread_name_prefix):
         pools.append((thread_name_prefix, max_workers))
         return executor(max_workers, thread_name_prefix=thread_name_prefix)
 
-    monkeypatch.setattr(_loo, "cpu_cores", lambda: 12)
-    monkeypatch.setattr(_loo, "ThreadPoolExecutor", recorded)
+    monkeypatch.setattr(_stats_loo, "cpu_cores", lambda: 12)
+    monkeypatch.setattr(_stats_loo, "ThreadPoolExecutor", recorded)
     with warnings.catch_warnings(), configured(psis_parts=3):
         warnings.filterwarnings("ignore", "Estimated shape parameter")
         ours = pymc_chunkpost.loo(idata, model, pointwise=True)
@@ -518,7 +520,7 @@ def test_a_failed_check_makes_its_draw_minus_inf_in_every_block():
     """Where a check fails at a draw (a negative Poisson mean at one observation), pymc's
     log-likelihood is -inf at every observation of that draw: each block's is, though the
     block holds none of the failing observations."""
-    from pymc_chunkpost._route import Options, evaluate
+    from pymc_chunkpost._frontend.seam import Options, evaluate
 
     rng = np.random.default_rng(5)
     n = 120
@@ -646,12 +648,12 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
     XLA's own buffers it does not) grow by the O(N) results only."""
     import tracemalloc
 
-    from pymc_chunkpost._config import current
+    from pymc_chunkpost._support.config import current
 
     budget = 4 * 2**20
     seen: list[int] = []  # the blocks' starts
     workspaces: list[int] = []  # the rows of each of a call's PSIS buffers
-    collected, workspace = _loo._collected, _loo.Workspace
+    collected, workspace = _stats_loo._collected, _stats_loo.Workspace
 
     def block_spy(block, start):
         seen.append(start)
@@ -661,8 +663,8 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
         workspaces.append(n_obs)
         return workspace(n_obs, n_samples)
 
-    monkeypatch.setattr(_loo, "_collected", block_spy)
-    monkeypatch.setattr(_loo, "Workspace", workspace_spy)
+    monkeypatch.setattr(_stats_loo, "_collected", block_spy)
+    monkeypatch.setattr(_stats_loo, "Workspace", workspace_spy)
     peaks, sizes = {}, {}
     for n in (400, 1600):
         model, draws = hierarchical(n)
@@ -682,7 +684,8 @@ def test_memory_does_not_grow_with_observations(monkeypatch):
         assert 1 <= len(workspaces) <= current().psis_parts
         assert max(workspaces) <= current().psis_rows_per_pass and sum(workspaces) <= size
         sizes[n] = size
-    assert sizes[400] == sizes[1600] == _loo._block_size((10**6,), CHAINS * DRAWS, budget, None)
+    expected = _stats_loo.choose_block_size((10**6,), CHAINS * DRAWS, budget, None)
+    assert sizes[400] == sizes[1600] == expected
     assert sizes[400] * CHAINS * DRAWS * 8 * 6 <= budget
     per_observation = 64 * 8  # elpd_i, k, lppd_i, their DataArrays and the model's data
     assert peaks[1600] - peaks[400] <= 1200 * per_observation + 2**18, peaks

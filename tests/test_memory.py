@@ -83,7 +83,7 @@ def test_freed_heap_goes_back_to_the_os():
     import ctypes
     import ctypes.util
 
-    from pymc_chunkpost._memory import release_freed_heap
+    from pymc_chunkpost._support.memory import release_freed_heap
     from pymc_chunkpost.profiling.proc import status_bytes
 
     if not release_freed_heap():

@@ -30,7 +30,10 @@ from numpyro.infer import Predictive as NumpyroPredictive  # noqa: E402
 from numpyro.infer.autoguide import AutoNormal  # noqa: E402
 from numpyro.infer.util import log_likelihood as numpyro_log_likelihood  # noqa: E402
 
-from pymc_chunkpost import _compat, _numpyro, _resources  # noqa: E402
+from pymc_chunkpost._engine.plan import resources as _resources  # noqa: E402
+from pymc_chunkpost._numpyro import draws as _draws  # noqa: E402
+from pymc_chunkpost._numpyro import routes as _numpyro  # noqa: E402
+from pymc_chunkpost._support import compat as _compat  # noqa: E402
 from pymc_chunkpost.numpyro import Predictive, log_likelihood  # noqa: E402
 
 CHAINS, DRAWS = 2, 12
@@ -201,7 +204,7 @@ def test_typed_keys_and_single_draws_as_numpyro(posteriors, caplog):
     # One draw: numpyro calls the model op by op (nothing to map), so numpyro's own runs.
     one = {k: v[0] for k, v in draws.items()}
     first = {k: v[:1] for k, v in draws.items()}
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
         for single, batch_ndims in ((one, 0), (first, 1)):
             predictive = Predictive(model, single, batch_ndims=batch_ndims)
             theirs = NumpyroPredictive(model, single, batch_ndims=batch_ndims)
@@ -250,7 +253,7 @@ def test_guide_with_batched_params_runs_numpyros_own_with_a_note(svi_fit, caplog
     batched = {k: jnp.stack([v, v * 0.5]) for k, v in params.items()}
     options = {"guide": guide, "params": batched, "num_samples": 4, "batch_ndims": 1}
     predictive = Predictive(model, **options)
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
         ours = predictive(KEY, x)
     assert [r.getMessage() for r in caplog.records] == [
         "pymc_chunkpost: Predictive runs numpyro's own (a guide with params batched over "
@@ -271,7 +274,7 @@ def test_infer_discrete_runs_numpyros_own(posteriors, monkeypatch, caplog):
             return {}
 
     monkeypatch.setattr(_numpyro, "_NumpyroPredictive", Recording)
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
         assert Predictive(model, draws, infer_discrete=True)(KEY, *args) == {}
     assert seen == [True]
     assert "infer_discrete=True" in caplog.text
@@ -282,7 +285,7 @@ def test_log_likelihood_without_draws_runs_numpyros_own(caplog):
         numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
 
     y = jnp.arange(3.0)
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
         ours = log_likelihood(fixed, {}, y=y)
     assert "no posterior draws" in caplog.text
     assert_identical(ours, numpyro_log_likelihood(fixed, {}, y=y))
@@ -369,10 +372,10 @@ def test_outputs_are_reshaped_without_a_copy(posteriors):
     own buffer (donated); the caller's draws are untouched."""
     y = jnp.ones((1, 24, 60))
     where = y.unsafe_buffer_pointer()
-    out = _numpyro._unbatch(y, (24,), forwarded=False)
+    out = _draws.unbatch(y, (24,), forwarded=False)
     assert out.shape == (24, 60) and out.unsafe_buffer_pointer() == where
     passed = jnp.ones((1, 24, 3))
-    assert _numpyro._unbatch(passed, (24,), forwarded=True).shape == (24, 3)
+    assert _draws.unbatch(passed, (24,), forwarded=True).shape == (24, 3)
     assert not passed.is_deleted()
 
 

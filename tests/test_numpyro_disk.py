@@ -31,8 +31,9 @@ from numpyro_models import MODELS  # noqa: E402
 from test_numpyro import CHAINS, DRAWS, KEY, _batched, assert_identical  # noqa: E402
 
 import pymc_chunkpost as pc  # noqa: E402
-from pymc_chunkpost import _disk_output  # noqa: E402
-from pymc_chunkpost._memory import OUTPUT_PATH_ENV  # noqa: E402
+from pymc_chunkpost._engine.execute import disk_sink as _disk_sink  # noqa: E402
+from pymc_chunkpost._store import zarr as _zarr_store  # noqa: E402
+from pymc_chunkpost._support.memory import OUTPUT_PATH_ENV  # noqa: E402
 from pymc_chunkpost.numpyro import Predictive, log_likelihood  # noqa: E402
 
 #: Per model: draws of its latent sites (seeded, from the prior) of shape (N, ...), and
@@ -195,12 +196,12 @@ jax.config.update("jax_enable_x64", sys.argv[3] == "1")  # as in the test proces
 sys.path.insert(0, sys.argv[2])
 from numpyro_models import MODELS
 from numpyro.infer import Predictive as NumpyroPredictive
-from pymc_chunkpost import _disk_output
+from pymc_chunkpost._engine.execute import disk_sink as _disk_sink
 from pymc_chunkpost.numpyro import Predictive
 
 model, args = MODELS["deterministic_sites"]
 draws = NumpyroPredictive(model, num_samples=24)(jax.random.PRNGKey(1), *args)
-write, count = _disk_output._write_items, [0]
+write, count = _disk_sink._write_items, [0]
 
 def killed(*a):
     count[0] += 1
@@ -208,7 +209,7 @@ def killed(*a):
         os.kill(os.getpid(), signal.SIGKILL)
     return write(*a)
 
-_disk_output._write_items = killed
+_disk_sink._write_items = killed
 Predictive(model, {"a": draws["a"]}, chunk_size=4, output_memory="disk", output_path=sys.argv[1])(
     jax.random.PRNGKey(7), *args
 )
@@ -234,10 +235,12 @@ def test_a_killed_run_never_reads_as_complete_and_resumes(posteriors, tmp_path):
     )
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     stored = pc.open_outputs(path)
-    # Chunks 0-2 were written whole; marked once flushed, behind the writes (none past them).
-    marked = sorted(_disk_output._read_markers(path / _disk_output.MARKERS))
-    assert not stored.complete and marked == [(a, a + 4) for a in range(0, len(marked) * 4, 4)]
-    assert stored.items_written == 4 * len(marked) <= 12
+    # Three chunks were written whole; each is marked once flushed, behind the writes (none
+    # past them). Host lanes land chunks in any order, so the marked ones need not be a prefix.
+    marked = sorted(_zarr_store._read_markers(path / _zarr_store.MARKERS))
+    assert not stored.complete and len(set(marked)) == len(marked) <= 3
+    assert all(a % 4 == 0 and b == a + 4 <= 24 for a, b in marked), marked
+    assert stored.items_written == 4 * len(marked)
     model, args = MODELS["deterministic_sites"]
     draws = NumpyroPredictive(model, num_samples=24)(jax.random.PRNGKey(1), *args)
     draws = {"a": draws["a"]}
@@ -311,9 +314,7 @@ def test_bad_disk_input_raises_before_any_work(posteriors, tmp_path, monkeypatch
         with pytest.raises(ValueError, match="cannot be written.*read-only"):
             call(locked / "store")
     monkeypatch.undo()
-    monkeypatch.setattr(
-        _disk_output.shutil, "disk_usage", lambda path: type("U", (), {"free": 10})()
-    )
+    monkeypatch.setattr(_disk_sink.shutil, "disk_usage", lambda path: type("U", (), {"free": 10})())
     with pytest.raises(ValueError, match=r"need .* MiB on disk, but .* has 0.0 MiB free"):
         call(tmp_path / "full")
     assert not (tmp_path / "full").exists() and not (locked / "store").exists()

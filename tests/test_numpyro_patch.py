@@ -18,9 +18,9 @@ import numpyro.infer.util  # noqa: E402
 from numpyro.infer import MCMC, NUTS  # noqa: E402
 from numpyro_models import MODELS  # noqa: E402
 
-from pymc_chunkpost import _numpyro  # noqa: E402
 from pymc_chunkpost import numpyro as ours  # noqa: E402
-from pymc_chunkpost._numpyro_patch import TARGETS  # noqa: E402
+from pymc_chunkpost._numpyro import routes as _numpyro  # noqa: E402
+from pymc_chunkpost._numpyro.patch import TARGETS  # noqa: E402
 
 OWN = {name: getattr(numpyro.infer.util, name) for name in ("Predictive", "log_likelihood")}
 

@@ -11,12 +11,14 @@ import models
 import numpy as np
 import pytest
 from helpers import FakeAccelerator as FakeGpu
-from helpers import assert_intact, assert_same, out_of_memory, problem_of, reference
+from helpers import assert_intact, assert_same, facts_of, out_of_memory, problem_of, reference
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _planner, _postprocess, _resources
-from pymc_chunkpost._config import current
-from pymc_chunkpost._problem import Placement
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.data.problem import Placement
+from pymc_chunkpost._engine.plan import planner as _planner
+from pymc_chunkpost._engine.plan import resources as _resources
+from pymc_chunkpost._support.config import current
 
 
 @pytest.mark.parametrize("name", sorted(models.MODELS))
@@ -203,15 +205,15 @@ def test_lanes_stay_within_the_budget_with_the_outputs(wide, monkeypatch):
 
 
 def test_lanes_outputs_are_placed_on_the_cpu_without_a_copy():
-    from pymc_chunkpost._host_output import aligned_empty
+    from pymc_chunkpost._engine.execute.host_output import aligned_empty
 
     device = jax.devices("cpu")[0]
     host = aligned_empty((3, 1000, 7), np.float32)
     host[:] = 1.5
     problem = dataclasses.replace(problem_of(lambda x: [x], [host]), placement=Placement(device))
-    (placed,) = _postprocess._from_host([host], problem, "auto")
+    (placed,) = _postprocess._from_host([host], facts_of(problem, None))
     assert isinstance(placed, jax.Array) and placed.unsafe_buffer_pointer() == host.ctypes.data
-    (kept,) = _postprocess._from_host([host], problem, "host")
+    (kept,) = _postprocess._from_host([host], facts_of(problem, None, output_memory="host"))
     assert kept is host
 
 
@@ -238,7 +240,7 @@ def test_lanes_outputs_are_not_advised_for_huge_pages():
     """numpy advises its large arrays for huge pages, and where the kernel compacts memory
     to find them at first touch, lanes wrote their predictions 2x slower (docs/numpyro.md).
     The lanes' outputs take the system's policy instead."""
-    from pymc_chunkpost._host_output import aligned_empty
+    from pymc_chunkpost._engine.execute.host_output import aligned_empty
 
     size = 64 * 2**20
     numpy_array = np.empty(size, np.uint8)
@@ -254,7 +256,7 @@ def test_the_peak_of_lanes_is_counted_once(wide, monkeypatch):
     model, jax_fn = wide
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
     problem = _serial(problem_of(jax_fn, raw), 3, monkeypatch)
-    attempt = _planner.first_attempt(jax_fn, problem, "auto", 2**34)
+    attempt = _planner.first_attempt(jax_fn, facts_of(problem, 2**34), "auto")
     exe = attempt.exe
     assert exe.request.lanes == 3 and exe.output_memory == "host"
     lane = 2 * exe.output_bytes + exe.temp_bytes

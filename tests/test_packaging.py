@@ -83,69 +83,120 @@ def test_version_comes_from_the_metadata():
     assert written == []
 
 
-#: The package's layers, top to bottom: a module imports only from its own layer or below
-#: (docs/architecture.md). Modules of one layer may import each other, without cycles.
-LAYERS = [
-    ("face", {"__init__", "cli", "profiling", "numpyro"}),
-    (
-        "routes",
-        {
-            "_patch",
-            "_posthoc",
-            "_loo",
-            "_predictive",
-            "_numpyro",
-            "_numpyro_patch",
-            "_route",
-            "_sample_store",
-        },
-    ),
-    ("graph", {"_graph", "_samplers", "_pymc_model"}),
-    ("entry", {"_entry", "_postprocess", "_options"}),
-    ("planner", {"_planner", "_resources", "_tuner", "_library_fusions", "_tuning"}),
-    ("executor", {"_executor", "_program", "_host_output", "_disk_output", "_executable_store"}),
-    ("mathematics", {"_strategies", "_chunked", "_jaxpr_eval", "_psis"}),
-    ("data", {"_problem", "_types"}),
-    ("shared", {"_cache", "_disk", "_memory", "_progress", "_config", "_compat", "_messages"}),
-    ("leaves", {"_version", "_extras"}),
+#: The package's layers, top to bottom, each a folder (or, at the top, the public modules): a
+#: module imports only from its own layer or below (docs/architecture.md). Modules of one layer
+#: may import each other, without cycles. The pymc and NumPyro routes are one layer of two
+#: folders that never import each other.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("face", ("__init__.py", "cli.py", "numpyro.py", "profiling/")),
+    ("routes", ("_pymc/", "_numpyro/")),
+    ("statistics", ("_stats/",)),
+    ("seam", ("_frontend/",)),
+    ("engine: the call", ("_engine/call/",)),
+    ("engine: plan", ("_engine/plan/",)),
+    ("engine: execute", ("_engine/execute/",)),
+    ("engine: kernels", ("_engine/kernels/",)),
+    ("engine: data", ("_engine/data/",)),
+    ("store", ("_store/",)),
+    ("support", ("_support/",)),
 ]
+#: Folders of one layer that must not import each other.
+SIBLINGS = {("_pymc/", "_numpyro/"), ("_numpyro/", "_pymc/")}
 PACKAGE = ROOT / "pymc_chunkpost"
+MAX_LINES = 700
+
+
+def _room(path: Path) -> str:
+    """The entry of `LAYERS` that holds `path` (a module of the package)."""
+    rel = path.relative_to(PACKAGE).as_posix()
+    rooms = [room for _, rooms in LAYERS for room in rooms if rel == room or rel.startswith(room)]
+    assert rooms, f"place {rel} in a folder of LAYERS"
+    return max(rooms, key=len)
 
 
 def _modules() -> dict[str, Path]:
-    modules = {p.stem: p for p in PACKAGE.glob("*.py")}
-    modules["profiling"] = PACKAGE / "profiling" / "__init__.py"
-    return modules
+    """Every module of the package by its dotted name below the package ("_engine.plan.tuner")."""
+    return {
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" or p.parent == PACKAGE or p.parent.name == "profiling"
+    }
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package's modules that `path` imports, at module level or inside functions."""
     import ast
 
+    package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+    if path == PACKAGE / "__init__.py":
+        package = []
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module is None:  # from . import _a, _b
-                found |= {alias.name for alias in node.names}
-            else:
-                found.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = package[: len(package) - (node.level - 1)]
+            stem = [*base, *(node.module.split(".") if node.module else [])]
+            targets = [".".join([*stem, alias.name]) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pymc_chunkpost."):
-            found.add(node.module.split(".")[1])
-    return found
+            stem = node.module.split(".")[1:]
+            targets = [".".join([*stem, alias.name]) for alias in node.names]
+        else:
+            continue
+        for target in targets:  # the module itself, or the module a name is taken from
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target:
+                found.add(target)
+    return found - {name}
+
+
+def _folder_inits() -> list[Path]:
+    """The `__init__.py` of each folder below the top (profiling's aside): docstrings only."""
+    return [
+        p
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE and p.parent.name != "profiling"
+    ]
+
+
+def test_every_module_sits_in_a_layer_folder():
+    inits = set(_folder_inits())
+    for path in PACKAGE.rglob("*.py"):
+        if path not in inits:
+            _room(path)
+
+
+def test_folders_say_what_they_hold_and_import_nothing():
+    import ast
+
+    for path in _folder_inits():
+        tree = ast.parse(path.read_text())
+        assert ast.get_docstring(tree), f"{path.relative_to(PACKAGE)}: say what the folder holds"
+        assert len(tree.body) == 1, f"{path.relative_to(PACKAGE)}: a docstring only"
 
 
 def test_imports_point_down():
-    layer = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+    index = {room: i for i, (_, rooms) in enumerate(LAYERS) for room in rooms}
     modules = _modules()
-    unplaced = sorted(set(modules) - set(layer))
-    assert unplaced == [], f"place these modules in a layer: {unplaced}"
-    upward = [
-        f"{name} ({LAYERS[layer[name]][0]}) imports {target} ({LAYERS[layer[target]][0]})"
-        for name, path in modules.items()
-        for target in _imports(path)
-        if target in layer and layer[target] < layer[name]
-    ]
+    upward, across = [], []
+    for name, path in modules.items():
+        room = _room(path)
+        for target in _imports(name, path, modules):
+            there = _room(modules[target])
+            if index[there] < index[room]:
+                upward.append(f"{name} ({room}) imports {target} ({there})")
+            elif (room, there) in SIBLINGS:
+                across.append(f"{name} ({room}) imports {target} ({there})")
     assert upward == []
+    assert across == []
+
+
+def test_no_module_is_over_700_lines():
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
 
 
 def test_no_function_is_longer_than_80_lines():

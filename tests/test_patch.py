@@ -22,7 +22,8 @@ numpyro = pytest.importorskip("numpyro")
 pytest.importorskip("blackjax")
 
 import pymc_chunkpost  # noqa: E402
-from pymc_chunkpost import STRATEGIES, _postprocess  # noqa: E402
+from pymc_chunkpost import STRATEGIES  # noqa: E402
+from pymc_chunkpost._engine.call import postprocess as _postprocess  # noqa: E402
 
 PYMC6 = int(pm.__version__.split(".")[0]) >= 6
 TARGETS = ("_postprocess_samples", "sample_jax_nuts", "sample_numpyro_nuts", "sample_blackjax_nuts")
@@ -125,7 +126,7 @@ def runs(model):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Every call of `pymc_chunkpost._postprocess.run`: its arguments and the plan it ran."""
+    """Every call of the engine's `postprocess.run`: its arguments and the plan it ran."""
     calls = []
     real = _postprocess.run
     signature = inspect.signature(real)

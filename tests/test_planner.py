@@ -15,15 +15,25 @@ from helpers import (
     assert_intact,
     assert_same,
     compile_for,
+    facts_of,
     out_of_memory,
     problem_of,
     reference,
 )
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _executor, _memory, _planner, _postprocess, _resources
-from pymc_chunkpost._config import configured, current
-from pymc_chunkpost._executor import CompileOutOfMemory
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.execute import executor as _executor
+from pymc_chunkpost._engine.execute.executor import CompileOutOfMemory
+from pymc_chunkpost._engine.plan import attempt as _attempt
+from pymc_chunkpost._engine.plan import device as _device
+from pymc_chunkpost._engine.plan import facts as _facts
+from pymc_chunkpost._engine.plan import host as _host
+from pymc_chunkpost._engine.plan import planner as _planner
+from pymc_chunkpost._engine.plan import resources as _resources
+from pymc_chunkpost._engine.plan import sizing as _sizing
+from pymc_chunkpost._support import memory as _memory
+from pymc_chunkpost._support.config import configured, current
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +145,7 @@ def test_data_every_draw_reads_shrinks_the_chunk(wide, configure):
 
     def size(shared):
         changed = dataclasses.replace(problem, shared_bytes=shared)
-        return _planner._fast_chunk_size(changed, 0.0, 2**40)[0]
+        return _sizing.fast_chunk_size(changed, 0.0, 2**40)[0]
 
     assert size(0) == target // per_item
     assert size(target // 4) == (target - target // 4) // per_item < size(0)
@@ -199,7 +209,7 @@ class TestOutOfMemoryRetry:
         expected = reference(jax_fn, raw)
         with pytest.warns(RuntimeWarning, match="retrying with chunks of 50"):
             outputs, plan = _postprocess.run(jax_fn, raw, None, "vmap", True)
-        # Halved as the planner halves (`_planner.smaller`): to divisors of the 100 draws.
+        # Halved as the planner halves (`_sizing.smaller`): to divisors of the 100 draws.
         assert attempts == [("vmap", None), ("chunked", 50), ("chunked", 25), ("chunked", 10)]
         assert plan.strategy == "chunked" and plan.chunk_size == 10
         assert "out of memory" in plan.reason
@@ -223,7 +233,7 @@ class TestOutOfMemoryRetry:
         """On an H200 (jax 0.11) a RESOURCE_EXHAUSTED at run time deleted a donated input.
         Handing donation to XLA would lose the draws (the first case shows the failure mode);
         on accelerators the draws are instead deleted after success (the second)."""
-        monkeypatch.setattr(_postprocess, "xla_may_donate", lambda device: xla_takes_donation)
+        monkeypatch.setattr(_facts, "xla_may_donate", lambda device: xla_takes_donation)
         real = _postprocess.execute
 
         def execute(exe, samples, tuner=None):
@@ -251,7 +261,7 @@ class TestOutOfMemoryRetry:
         """Smaller chunks cannot help when the device has less free than the outputs need
         (on a GPU each failed attempt costs seconds: its autotuner tries every kernel)."""
         attempts, _ = failing
-        monkeypatch.setattr(_planner, "free_bytes", lambda device: 1000)
+        monkeypatch.setattr(_facts, "free_bytes", lambda device: 1000)
         model, jax_fn = wide
         raw = [jnp.asarray(x) for x in models.raw_draws(model, 2, 50)]
         copies = [np.asarray(x).copy() for x in raw]
@@ -317,7 +327,7 @@ class TestOutOfMemoryWhileCompiling:
 
     def test_the_autotuner_failure_is_out_of_memory(self, wide, monkeypatch):
         """XLA's compile failing so is read as running out of memory while compiling."""
-        from pymc_chunkpost._problem import is_out_of_memory
+        from pymc_chunkpost._engine.data.problem import is_out_of_memory
 
         def compile(self, *args, **kwargs):
             raise jax.errors.JaxRuntimeError(TestOutOfMemoryWhileCompiling.AUTOTUNE_FAILURE)
@@ -667,7 +677,7 @@ def test_rule_rounds_to_a_divisor_preferring_one_below(n, target, size):
     """The rule's size goes to the largest divisor of the draws within `round_down_within`
     below it, else the nearest by ratio within a factor of 2 (no overlapping last chunk), or
     stays as it is when there is none."""
-    assert _planner._rule_divisor(n, target) == size
+    assert _sizing._rule_divisor(n, target) == size
 
 
 @pytest.mark.parametrize(
@@ -687,7 +697,7 @@ def test_the_vmap_candidate_is_compiled_only_where_it_may_run(name, compiled, mo
     fn = jax_fn(model)
     raw = spec.raw_draws(model, 4, 1000)
     problem = problem_of(fn, raw, jax.devices("cpu")[0])
-    assert _planner._vmap_may_fit(problem, 1) is compiled
+    assert _sizing.vmap_may_fit(problem, 1) is compiled
     strategies = []
     real = _executor.obtain
 
@@ -710,7 +720,7 @@ def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monk
     import types
 
     configure(target_chunk_bytes=8 * 2**20)
-    monkeypatch.setattr(_planner, "cpu_cores", lambda: cores)
+    monkeypatch.setattr(_sizing, "cpu_cores", lambda: cores)
     per_item = 2**16
     problem = types.SimpleNamespace(
         n_local=1000,
@@ -722,7 +732,7 @@ def test_devices_on_one_cpu_split_the_chunk_target(shards, cores, together, monk
         shared_bytes=0,
         n_buffers=1,
     )
-    size, why = _planner._fast_chunk_size(problem, 0.0, None)
+    size, why = _sizing.fast_chunk_size(problem, 0.0, None)
     assert size == 8 * 2**20 // together // per_item
     assert ("running at once" in why) == (together > 1)
 
@@ -733,17 +743,17 @@ def test_random_draws_on_a_cpu_run_in_a_host_loop():
     only), an XLA loop elsewhere and for everything else; their tuning has a key of its own."""
     from helpers import FakeAccelerator
 
-    from pymc_chunkpost import _tuning
-    from pymc_chunkpost._problem import Placement
-    from pymc_chunkpost._types import Loop
+    from pymc_chunkpost._engine.data.problem import Placement
+    from pymc_chunkpost._engine.data.types import Loop
+    from pymc_chunkpost._engine.plan import tuning as _tuning
 
     model = models.data_regression(n_obs=50)
     problem = problem_of(models.jax_fn(model), models.raw_draws(model, 2, 10))
     random = dataclasses.replace(problem, random=True)
-    assert _planner.loop_for(problem) is Loop.XLA
-    assert _planner.loop_for(random) is Loop.HOST
+    assert _sizing.loop_for(problem) is Loop.XLA
+    assert _sizing.loop_for(random) is Loop.HOST
     on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
-    assert _planner.loop_for(on_tpu) is Loop.XLA
+    assert _sizing.loop_for(on_tpu) is Loop.XLA
     assert _tuning.tuning_key(random, "auto") != _tuning.tuning_key(problem, "auto")
 
 
@@ -752,23 +762,23 @@ def test_random_draws_on_a_cpu_prefer_wider_vectors(monkeypatch):
     host alike; nothing else does, and 0 keeps XLA's default."""
     from helpers import FakeAccelerator
 
-    from pymc_chunkpost._compat import PREFER_VECTOR_WIDTH
-    from pymc_chunkpost._problem import Placement
-    from pymc_chunkpost._types import Loop
+    from pymc_chunkpost._engine.data.problem import Placement
+    from pymc_chunkpost._engine.data.types import Loop
+    from pymc_chunkpost._support.compat import PREFER_VECTOR_WIDTH
 
     model = models.data_regression(n_obs=50)
     problem = problem_of(models.jax_fn(model), models.raw_draws(model, 2, 10))
     random = dataclasses.replace(problem, random=True)
     on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
-    assert _planner.vector_width(random) == 512
-    assert _planner.vector_width(problem) == 0 and _planner.vector_width(on_tpu) == 0
+    assert _sizing.vector_width(random) == 512
+    assert _sizing.vector_width(problem) == 0 and _sizing.vector_width(on_tpu) == 0
     with configured(random_vector_width=0):
-        assert _planner.vector_width(random) == 0
-    call = _planner._Call(None, random, None, (), False, 0.0)
-    for request in (call.request("chunked", Loop.HOST, 5), _planner._host_request(call, 5, 2)):
+        assert _sizing.vector_width(random) == 0
+    call = _attempt.Call(None, facts_of(random, None), (), False, 0.0)
+    for request in (call.request("chunked", Loop.HOST, 5), _host.host_request(call, 5, 2)):
         assert request.compiler_options() == {PREFER_VECTOR_WIDTH: 512}
         assert "vectors of 512 bits" in request.key(random)
-    plain = dataclasses.replace(call, problem=problem)
+    plain = dataclasses.replace(call, facts=facts_of(problem, None))
     assert plain.request("chunked", Loop.XLA, 5).compiler_options() == {}
 
 
@@ -777,11 +787,11 @@ def test_random_draws_on_a_cpu_skip_the_vmap_where_their_products_leave_the_cach
 ):
     """Random draws on a CPU go to chunks, without compiling the loop-free vmap, where the
     results of their products over all draws exceed `random_vmap_product_bytes`: the vmap
-    writes them to memory and reads them back (`_planner._vmap_may_pay`)."""
+    writes them to memory and reads them back (`_sizing.vmap_may_pay`)."""
     from helpers import FakeAccelerator
 
-    from pymc_chunkpost import _problem
-    from pymc_chunkpost._problem import Placement
+    from pymc_chunkpost._engine.data import problem as _problem
+    from pymc_chunkpost._engine.data.problem import Placement
 
     model = models.data_regression(n_obs=50)
     problem = problem_of(models.jax_fn(model), models.raw_draws(model, 2, 10))
@@ -790,22 +800,23 @@ def test_random_draws_on_a_cpu_skip_the_vmap_where_their_products_leave_the_cach
     random = dataclasses.replace(problem, random=True)
     products = per_draw * problem.n_local
     configure(random_vmap_product_bytes=products - 1)
-    assert not _planner._vmap_may_pay(random)
-    assert _planner._vmap_may_pay(problem)  # not random: the compiled vmap decides
+    assert not _sizing.vmap_may_pay(random)
+    assert _sizing.vmap_may_pay(problem)  # not random: the compiled vmap decides
     on_tpu = dataclasses.replace(random, placement=Placement(FakeAccelerator(2**30, "tpu")))
-    assert _planner._vmap_may_pay(on_tpu)
+    assert _sizing.vmap_may_pay(on_tpu)
     configure(random_vmap_product_bytes=products)
-    assert _planner._vmap_may_pay(random)
+    assert _sizing.vmap_may_pay(random)
 
     compiled = []
-    real = _planner._compile
+    real = _device.try_compile
     monkeypatch.setattr(
-        _planner,
-        "_compile",
+        _device,
+        "try_compile",
         lambda fn, p, request, **kw: compiled.append(request) or real(fn, p, request, **kw),
     )
     configure(random_vmap_product_bytes=0)
-    attempt = _planner.first_attempt(models.jax_fn(model), random, "auto", None, use_cache=False)
+    facts = facts_of(random, None)
+    attempt = _planner.first_attempt(models.jax_fn(model), facts, "auto", use_cache=False)
     assert [r.strategy for r in compiled] == ["chunked"], compiled
     assert attempt.plan.strategy == "chunked"
     _executor.release(attempt.exe)
@@ -814,7 +825,7 @@ def test_random_draws_on_a_cpu_skip_the_vmap_where_their_products_leave_the_cach
 def test_products_inside_calls_count():
     """A product inside a nested jaxpr (a `jit` or `checkpoint` call) counts, as its result
     goes to memory all the same."""
-    from pymc_chunkpost import _problem
+    from pymc_chunkpost._engine.data import problem as _problem
 
     x = np.ones((500, 10))
 
@@ -828,12 +839,12 @@ def test_products_inside_calls_count():
 
 def test_off_a_cpu_auto_runs_no_loop_of_one_chunk(configure, monkeypatch):
     """Where one chunk would cover every draw, an accelerator runs the loop-free program
-    (`_planner.one_chunk_runs_whole`), from the rule and from the tuning cache alike; a CPU
+    (`_sizing.one_chunk_runs_whole`), from the rule and from the tuning cache alike; a CPU
     keeps its loop, and a requested size is kept everywhere."""
     from helpers import FakeAccelerator
 
-    from pymc_chunkpost._problem import Placement
-    from pymc_chunkpost._types import Loop
+    from pymc_chunkpost._engine.data.problem import Placement
+    from pymc_chunkpost._engine.data.types import Loop
 
     model = models.data_regression(n_obs=50)
     jax_fn = models.jax_fn(model)
@@ -841,17 +852,17 @@ def test_off_a_cpu_auto_runs_no_loop_of_one_chunk(configure, monkeypatch):
     problem = problem_of(jax_fn, raw)
     on_tpu = dataclasses.replace(problem, placement=Placement(FakeAccelerator(2**30, "tpu")))
     n = problem.n_local
-    assert _planner.one_chunk_runs_whole(on_tpu, n)
-    assert not _planner.one_chunk_runs_whole(on_tpu, n - 1)
-    assert not _planner.one_chunk_runs_whole(problem, n)
+    assert _sizing.one_chunk_runs_whole(on_tpu, n)
+    assert not _sizing.one_chunk_runs_whole(on_tpu, n - 1)
+    assert not _sizing.one_chunk_runs_whole(problem, n)
     entry = {"loop": "xla", "chunk_size": n}
-    assert _planner._cached_entry(entry, on_tpu) == (Loop.NONE, None, True)
-    assert _planner._cached_entry(entry, problem) == (Loop.XLA, n, True)
+    assert _device._cached_entry(entry, on_tpu) == (Loop.NONE, None, True)
+    assert _device._cached_entry(entry, problem) == (Loop.XLA, n, True)
 
     # The planner's wiring, on this CPU taken for an accelerator: the vmap's temporaries are
     # refused (so the rule sizes chunks), and the budget holds every draw in one chunk.
     monkeypatch.setattr(
-        _planner, "one_chunk_runs_whole", lambda problem, size: size >= problem.n_local
+        _device, "one_chunk_runs_whole", lambda problem, size: size >= problem.n_local
     )
     configure(vmap_temp_bytes=0)
     pc.clear_caches()

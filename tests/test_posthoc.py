@@ -19,7 +19,8 @@ xr = pytest.importorskip("xarray")
 import models  # noqa: E402
 
 import pymc_chunkpost  # noqa: E402
-from pymc_chunkpost import _posthoc, _postprocess  # noqa: E402
+from pymc_chunkpost._engine.call import postprocess as _postprocess  # noqa: E402
+from pymc_chunkpost._pymc import posthoc as _posthoc  # noqa: E402
 
 PYMC6 = int(pm.__version__.split(".")[0]) >= 6
 CHAINS, DRAWS = 2, 7

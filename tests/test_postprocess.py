@@ -10,7 +10,7 @@ import pytest
 from helpers import assert_donated, assert_same, compile_for, problem_of, reference
 
 import pymc_chunkpost as pc
-from pymc_chunkpost._postprocess import run
+from pymc_chunkpost._engine.call.postprocess import run
 
 # (chains, draws, chunk_size): 1 chain, 1 draw, a chunk that does not divide chains x draws,
 # and a chunk larger than chains x draws.
@@ -247,7 +247,8 @@ def test_accelerators_write_chunks_row_by_row_without_a_flat_view(
     through a flat view of the whole outputs (docs/decisions.md): run here on the CPU by
     giving it that writer; the outputs equal pymc's, and the compiled step holds no reshape
     of an output-sized buffer."""
-    from pymc_chunkpost import _config, _program
+    from pymc_chunkpost._engine.execute import program as _program
+    from pymc_chunkpost._support import config as _config
 
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 3, 20)]

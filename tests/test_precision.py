@@ -19,7 +19,8 @@ import pytest
 from helpers import assert_same, reference
 
 import pymc_chunkpost
-from pymc_chunkpost import _postprocess, clear_caches
+from pymc_chunkpost import clear_caches
+from pymc_chunkpost._engine.call import postprocess as _postprocess
 
 pm = pytest.importorskip("pymc")
 
@@ -148,7 +149,7 @@ def test_small_products_on_an_exact_product_platform_are_multiplies_and_adds(
     adds, with pymc's numbers to float32's rounding; elsewhere the product stays a product."""
     import pytensor
 
-    from pymc_chunkpost import _jaxpr_eval
+    from pymc_chunkpost._engine.kernels import jaxpr_eval as _jaxpr_eval
 
     with pytensor.config.change_flags(floatX="float32"):
         model = models.data_regression(n_obs=50)

@@ -24,7 +24,10 @@ import predictive_models as models  # noqa: E402
 from two_sample import holm_rejects, two_sample_p_values  # noqa: E402
 
 import pymc_chunkpost  # noqa: E402
-from pymc_chunkpost import _postprocess, _predictive, _samplers  # noqa: E402
+from pymc_chunkpost._engine.call import postprocess as _postprocess  # noqa: E402
+from pymc_chunkpost._pymc import forward_graph as _forward_graph  # noqa: E402
+from pymc_chunkpost._pymc import predictive as _predictive  # noqa: E402
+from pymc_chunkpost._pymc import samplers as _samplers  # noqa: E402
 
 PYMC6 = models.PYMC6
 PYMC = _predictive._pymc_function()  # pymc's own, never patched
@@ -284,11 +287,11 @@ def test_keys_are_jax_seeds_of_the_seed_and_the_draw():
     j)`: JAX's own seeding, one distinct seed per (draw, generator)."""
     import jax
 
-    from pymc_chunkpost._graph import RandomFunction
+    from pymc_chunkpost._pymc.graph import RandomFunction
 
     seen = []
     graph = RandomFunction(lambda keys: [jax.random.key_data(keys)], 3)
-    fn = _predictive._per_draw(graph, "threefry2x32")
+    fn = _forward_graph._per_draw(graph, "threefry2x32")
     for i in (0, 1, 7):
         (got,) = fn(np.array([12345, i], np.uint32))
         for j in range(3):
@@ -632,7 +635,7 @@ def test_the_progress_bar_says_what_is_drawn(hierarchical, capsys):
 
 def test_the_route_says_its_draws_are_random(hierarchical, runs):
     """The engine is told the program draws random numbers (`Problem.random`: a host loop
-    of chunks on a CPU, `_planner.loop_for`)."""
+    of chunks on a CPU, `_sizing.loop_for`)."""
     model, idata = hierarchical
     OURS(idata, model=model, progressbar=False, random_seed=1, postprocessing_vectorize="auto")
     assert runs and all(call["random"] is True for call in runs)
@@ -642,9 +645,9 @@ def test_wider_vectors_change_no_number(hierarchical, runs, monkeypatch):
     """Random draws on a CPU compile with `random_vector_width` (XLA's preferred vector
     width): it changes how the draws are computed, never the numbers; 0 compiles with XLA's
     default."""
-    from pymc_chunkpost import _executor
-    from pymc_chunkpost._compat import PREFER_VECTOR_WIDTH
-    from pymc_chunkpost._config import configured
+    from pymc_chunkpost._engine.execute import executor as _executor
+    from pymc_chunkpost._support.compat import PREFER_VECTOR_WIDTH
+    from pymc_chunkpost._support.config import configured
 
     options = []
     real = _executor._compile_step

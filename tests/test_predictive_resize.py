@@ -35,7 +35,7 @@ pm = pytest.importorskip("pymc")
 xr = pytest.importorskip("xarray")
 
 import pymc_chunkpost  # noqa: E402
-from pymc_chunkpost import _predictive  # noqa: E402
+from pymc_chunkpost._pymc import predictive as _predictive  # noqa: E402
 
 PYMC6 = int(pm.__version__.split(".")[0]) >= 6
 PYMC = _predictive._pymc_function()  # pymc's own, never patched
@@ -179,7 +179,7 @@ def test_pymcs_length_coords_volatile():
 def test_out_of_range_constant_index_raises_before_any_work(monkeypatch):
     """An index out of range of the trace's `x` raises IndexError (pymc 5's), before the
     engine runs, where JAX would clamp it to the last element."""
-    from pymc_chunkpost import _postprocess
+    from pymc_chunkpost._engine.call import postprocess as _postprocess
 
     def refuse(*args, **kwargs):
         raise AssertionError("the engine ran")

@@ -19,7 +19,7 @@ import pytensor.tensor.random.basic as ptr  # noqa: E402
 from pymc.distributions import continuous, discrete  # noqa: E402
 from two_sample import holm_rejects, two_sample_p_values  # noqa: E402
 
-from pymc_chunkpost import _samplers  # noqa: E402
+from pymc_chunkpost._pymc import samplers as _samplers  # noqa: E402
 
 N = 20_000
 CASES = {
@@ -162,7 +162,7 @@ def _symbolic_cases() -> dict:
 def test_symbolic_distributions_draw_as_pm_draw():
     """Distributions that are graphs of random variables (mixtures, censoring, scans, ...),
     drawn by `_graph.random_function`, against `pm.draw` on pymc's default backend."""
-    from pymc_chunkpost import _graph
+    from pymc_chunkpost._pymc import graph as _graph
 
     p_values, names = [], []
     for name, make in _symbolic_cases().items():

@@ -15,7 +15,12 @@ from helpers import assert_same, count_compiles, reference
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import pymc_chunkpost as pc
-from pymc_chunkpost import _compat, _disk, _planner, _postprocess, _resources
+from pymc_chunkpost._engine.call import draws as _draws
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.plan import planner as _planner
+from pymc_chunkpost._engine.plan import resources as _resources
+from pymc_chunkpost._support import compat as _compat
+from pymc_chunkpost._support import disk as _disk
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices")
 
@@ -115,7 +120,7 @@ def test_a_backend_on_another_platform_moves_the_draws(built, monkeypatch):
 def test_single_device_draws_are_not_spread_on_a_cpu(built):
     model, jax_fn = built("data_regression")
     raw = [jnp.asarray(x) for x in models.raw_draws(model, 4, 50)]
-    problem, _ = _postprocess._validate(jax_fn, raw, None)
+    problem, _ = _draws.validate(jax_fn, raw, None)
     assert _resources.spread(problem) is problem
 
 
@@ -140,14 +145,14 @@ def test_single_device_draws_spread_over_accelerators(built, monkeypatch, config
 def test_vmap_threshold_counts_every_cpu_device(built):
     """On a CPU the devices share one memory system: `auto` weighs the loop-free vmap's
     temporaries of all devices together, not one device's."""
-    from pymc_chunkpost._config import configured
-    from pymc_chunkpost._executor import obtain
-    from pymc_chunkpost._program import Request
-    from pymc_chunkpost._types import Loop
+    from pymc_chunkpost._engine.data.types import Loop
+    from pymc_chunkpost._engine.execute.executor import obtain
+    from pymc_chunkpost._engine.execute.program import Request
+    from pymc_chunkpost._support.config import configured
 
     model, jax_fn = built("transforms")  # a vmap with temporaries (not a product by data)
     raw = _sharded(models.raw_draws(model, 4, 500), SPECS["chains"])
-    problem, _ = _postprocess._validate(jax_fn, raw, None)
+    problem, _ = _draws.validate(jax_fn, raw, None)
     per_device = obtain(jax_fn, problem, Request("vmap", Loop.NONE, None)).temp_bytes
     assert per_device > 0
     expected = reference(jax_fn, raw)
@@ -188,12 +193,12 @@ def _assert_close_gp(outputs, expected):
 def test_shard_by_shard_only_where_the_deadlock_can_happen(gp, built, monkeypatch):
     _, jax_fn, raw = gp
     sharded = _sharded(raw, SPECS["chains"])
-    problem = _postprocess._validate(jax_fn, sharded, None)[0]
+    problem = _draws.validate(jax_fn, sharded, None)[0]
     structured_model, structured_fn = built("structured")
-    plain = _postprocess._validate(
+    plain = _draws.validate(
         structured_fn, _sharded(models.raw_draws(structured_model, 4, 10), SPECS["chains"]), None
     )[0]
-    one_device = _postprocess._validate(jax_fn, [jnp.asarray(x) for x in raw], None)[0]
+    one_device = _draws.validate(jax_fn, [jnp.asarray(x) for x in raw], None)[0]
     if not _compat.lapack_may_deadlock():
         assert _resources.shard_by_shard(problem) is None  # a fixed jaxlib
     _deadlock_prone(monkeypatch)
@@ -224,7 +229,7 @@ def test_deadlock_prone_runs_equal_pymc_and_keep_the_split(gp, monkeypatch, stra
         sharded = _sharded(raw, SPECS[axis])
         expected = reference(jax_fn, sharded)
         kept = [np.asarray(x).copy() for x in sharded]
-        problem = _postprocess._validate(jax_fn, sharded, None)[0]
+        problem = _draws.validate(jax_fn, sharded, None)[0]
         outputs, plan = _postprocess.run(jax_fn, sharded, None, strategy, donate, **options)
         _assert_close_gp(outputs, expected)
         assert plan.n_devices == 4 and "one shard after another" in plan.devices_reason
@@ -266,9 +271,9 @@ def test_each_shard_runs_as_the_call_says_its_function_computes(gp, monkeypatch,
     seen = []
     real = _planner.first_attempt
 
-    def first_attempt(fn, problem, *args, **kwargs):
-        seen.append((problem.one_draw_programs, problem.random))
-        return real(fn, problem, *args, **kwargs)
+    def first_attempt(fn, facts, *args, **kwargs):
+        seen.append((facts.problem.one_draw_programs, facts.problem.random))
+        return real(fn, facts, *args, **kwargs)
 
     monkeypatch.setattr(_planner, "first_attempt", first_attempt)
     sharded = _sharded(raw, SPECS["chains"])

@@ -17,19 +17,18 @@ import numpy as np
 import pytest
 from helpers import assert_same, problem_of, reference
 
-from pymc_chunkpost import (
-    _compat,
-    _disk,
-    _executor,
-    _library_fusions,
-    _planner,
-    _postprocess,
-    _tuner,
-    _tuning,
-)
-from pymc_chunkpost._config import current
-from pymc_chunkpost._executor import hlo_text
-from pymc_chunkpost._library_fusions import has_library_fusions
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.execute import executor as _executor
+from pymc_chunkpost._engine.execute.executor import hlo_text
+from pymc_chunkpost._engine.plan import host as _host
+from pymc_chunkpost._engine.plan import library_fusions as _library_fusions
+from pymc_chunkpost._engine.plan import sizing as _sizing
+from pymc_chunkpost._engine.plan import tuner as _tuner
+from pymc_chunkpost._engine.plan import tuning as _tuning
+from pymc_chunkpost._engine.plan.library_fusions import has_library_fusions
+from pymc_chunkpost._support import compat as _compat
+from pymc_chunkpost._support import disk as _disk
+from pymc_chunkpost._support.config import current
 
 
 def library_reductions(exe):
@@ -65,7 +64,8 @@ def timed(monkeypatch, configure):
         background_compiles=False,  # the next chunk always has the candidate
         library_try_compiles=math.inf,  # tests that want it say so
     )
-    monkeypatch.setattr(_planner, "_fast_chunk_size", lambda *args: (8, "a start of 8"))
+    for module in (_sizing, _host):  # the rule's size, for chunks on the device and to the host
+        monkeypatch.setattr(module, "fast_chunk_size", lambda *args: (8, "a start of 8"))
     real = _tuner.Tuner.record
     table = {}
 
@@ -326,9 +326,9 @@ def test_compiled_without_library_fusions(long_sums):
     and the results stay pymc's up to rounding; other executables keep them."""
     from helpers import problem_of as problem_for
 
-    from pymc_chunkpost._executor import obtain
-    from pymc_chunkpost._program import Request
-    from pymc_chunkpost._types import Loop
+    from pymc_chunkpost._engine.data.types import Loop
+    from pymc_chunkpost._engine.execute.executor import obtain
+    from pymc_chunkpost._engine.execute.program import Request
 
     model, jax_fn = long_sums
     raw = models.raw_draws(model, 4, 100)
@@ -340,7 +340,7 @@ def test_compiled_without_library_fusions(long_sums):
     assert obtain(jax_fn, problem, Request("chunked", Loop.XLA, 8)) is plain
     with pytest.raises(ValueError, match="XLA loop on a CPU"):
         obtain(jax_fn, problem, Request("vmap", Loop.NONE, None, library_fusions=False))
-    from pymc_chunkpost._executor import execute
+    from pymc_chunkpost._engine.execute.executor import execute
 
     expected = reference(jax_fn, raw)
     computed = execute(bare, [jnp.asarray(x) for x in raw])  # the outputs it computes
@@ -541,7 +541,7 @@ class TestPolicies:
         import dataclasses
         import types
 
-        from pymc_chunkpost._types import Loop
+        from pymc_chunkpost._engine.data.types import Loop
 
         cpu = types.SimpleNamespace(platform="cpu")
         exe = types.SimpleNamespace(
@@ -587,7 +587,7 @@ class TestPolicies:
     def test_the_library_trial_is_tried_only_where_the_work_left_repays_a_compile(self):
         import types
 
-        from pymc_chunkpost._types import Origin
+        from pymc_chunkpost._engine.data.types import Origin
 
         first = types.SimpleNamespace(origin=Origin.COMPILED, compile_seconds=0.5)
         loaded = types.SimpleNamespace(origin=Origin.LOADED, compile_seconds=0.0)

@@ -128,7 +128,7 @@ def test_matches_pymc_with_every_jaxpr_scheduled(zoo, name, strategy, monkeypatc
     """`DrawFunction.over_draws` takes its schedule (elementwise equations bound on the
     draws' arrays) only where it pays; forced on every model and in each strategy that maps
     draws with it, the outputs are still pymc's."""
-    from pymc_chunkpost import _jaxpr_eval
+    from pymc_chunkpost._engine.kernels import jaxpr_eval as _jaxpr_eval
 
     configure(eqns_per_run=0)
     calls = []

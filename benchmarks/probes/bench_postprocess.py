@@ -43,7 +43,8 @@ def child(fixture: str, case: str, chains: int, draws: int) -> dict:
     import numpy as np
     import tqdm.auto  # noqa: F401 - loaded in any session that sampled with numpyro
 
-    from pymc_chunkpost import _postprocess, _problem
+    from pymc_chunkpost._engine.call import postprocess as _postprocess
+    from pymc_chunkpost._engine.data import problem as _problem
     from pymc_chunkpost.profiling.fixtures import on_device
     from pymc_chunkpost.profiling.proc import reset_peak, status_bytes
 

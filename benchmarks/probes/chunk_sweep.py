@@ -5,7 +5,7 @@ draws are post-processed with `"chunked"` at each chunk size, in one process: ev
 compiled and run once first, then timed round-robin over `--repeats` rounds (the best run per
 size). The table gives each size's time over the best size's, XLA's compiled temporaries per
 draw (`memory_analysis()` of the first size) beside the jaxpr's bound, and the size the rule
-(`_planner._rule_chunk`) picks at several working-set targets, from the jaxpr's bound and
+(`_sizing.rule_chunk`) picks at several working-set targets, from the jaxpr's bound and
 from the compiled temporaries. Warm runs: compile time is not in the times (docs/zoo.md
 measures `auto` cold, compiles included).
 
@@ -30,11 +30,12 @@ import time
 
 import jax
 
-from pymc_chunkpost import _planner, _postprocess
-from pymc_chunkpost._config import configured
-from pymc_chunkpost._executor import obtain
-from pymc_chunkpost._program import Request
-from pymc_chunkpost._types import Loop
+from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.data.types import Loop
+from pymc_chunkpost._engine.execute.executor import obtain
+from pymc_chunkpost._engine.execute.program import Request
+from pymc_chunkpost._engine.plan import sizing as _sizing
+from pymc_chunkpost._support.config import configured
 from pymc_chunkpost.profiling import fixtures
 
 #: model builder, its keyword arguments, chunk sizes (docs/strategies.md, the rule's sweep).
@@ -105,7 +106,7 @@ def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int, cold: bool = 
     for target in TARGETS_MIB:
         with configured(target_chunk_bytes=target * 2**20):
             rules[target] = [
-                _planner._rule_chunk(problem, Loop.XLA, float(bound), None)[0]
+                _sizing.rule_chunk(problem, Loop.XLA, float(bound), None)[0]
                 for bound in (problem.intermediate_bytes, compiled)
             ]
     return {

@@ -25,7 +25,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 import numpy as np
-from pymc_chunkpost import _program
+from pymc_chunkpost._engine.execute import program as _program
 mib, how = float(sys.argv[1]), sys.argv[2]
 specs = [jax.ShapeDtypeStruct((4, 1000, max(1, int(mib * 2**20 / 8 / 4000))), np.float64),
          jax.ShapeDtypeStruct((4, 1000, 3), np.float64)]

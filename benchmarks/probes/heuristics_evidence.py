@@ -30,11 +30,13 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from pymc_chunkpost import _disk, _postprocess, clear_caches  # noqa: E402
-from pymc_chunkpost._config import configured, current  # noqa: E402
-from pymc_chunkpost._executor import obtain  # noqa: E402
-from pymc_chunkpost._program import Request  # noqa: E402
-from pymc_chunkpost._types import Loop  # noqa: E402
+from pymc_chunkpost import clear_caches  # noqa: E402
+from pymc_chunkpost._engine.call import postprocess as _postprocess  # noqa: E402
+from pymc_chunkpost._engine.data.types import Loop  # noqa: E402
+from pymc_chunkpost._engine.execute.executor import obtain  # noqa: E402
+from pymc_chunkpost._engine.execute.program import Request  # noqa: E402
+from pymc_chunkpost._support import disk as _disk  # noqa: E402
+from pymc_chunkpost._support.config import configured, current  # noqa: E402
 from pymc_chunkpost.profiling.fixtures import FIXTURES, ZOO, jax_fn  # noqa: E402
 
 MiB = 2**20

@@ -98,15 +98,15 @@ def main() -> None:
     import jax
     import numpy as np
 
-    from pymc_chunkpost._config import current
-    from pymc_chunkpost._host_output import (
+    from pymc_chunkpost._engine.execute.host_output import (
         Transfer,
         _Writers,
         chunk_starts,
         compile_host_chunks,
         stream_to_host,
     )
-    from pymc_chunkpost._memory import _host_available_bytes
+    from pymc_chunkpost._support.config import current
+    from pymc_chunkpost._support.memory import _host_available_bytes
 
     def watchdog() -> None:
         while True:

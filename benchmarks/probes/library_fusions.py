@@ -20,7 +20,7 @@ import time
 
 import jax
 
-from pymc_chunkpost._compat import LIBRARY_FUSION_MARK
+from pymc_chunkpost._support.compat import LIBRARY_FUSION_MARK
 from pymc_chunkpost.profiling import fixtures
 
 OPTION = "xla_cpu_experimental_ynn_fusion_type"

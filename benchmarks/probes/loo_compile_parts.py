@@ -82,7 +82,7 @@ def products(args, n: int, s: int) -> None:
     import numpy as np
     from jax import lax
 
-    from pymc_chunkpost._jaxpr_eval import _exact_product
+    from pymc_chunkpost._engine.kernels.jaxpr_eval import _exact_product
 
     numbers = (((1,), (0,)), ((), ()))
     for terms in [int(t) for t in args.terms.split(",")]:

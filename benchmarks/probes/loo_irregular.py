@@ -31,13 +31,14 @@ def main() -> None:
     from bench_loo import build
 
     import pymc_chunkpost
-    from pymc_chunkpost import _loo, _psis
-    from pymc_chunkpost._config import current
+    from pymc_chunkpost._stats import loo as _stats_loo
+    from pymc_chunkpost._stats import psis as _psis
+    from pymc_chunkpost._support.config import current
 
     model, idata = build(args.rows, family=args.model)
     warnings.simplefilter("ignore")
     blocks, tails = [], []
-    smoothed, passes = _loo._smoothed, _psis._passes
+    smoothed, passes = _stats_loo._smoothed, _psis._passes
 
     def keep(values, reff):
         blocks.append(values)
@@ -51,7 +52,7 @@ def main() -> None:
         tails.append((len(regular), int(regular.sum()), int(at_cutoff.sum()), int(tied.sum())))
         return rows
 
-    _loo._smoothed, _psis._passes = keep, counted
+    _stats_loo._smoothed, _psis._passes = keep, counted
     pymc_chunkpost.loo(idata, model, progressbar=False)
     n, regular, at_cutoff, tied = (sum(t[i] for t in tails) for i in range(4))
     print(

@@ -81,7 +81,7 @@ def child(name: str, method: str) -> dict:
     import numpy as np
     from numpyro.infer import Predictive as NumpyroPredictive
 
-    from pymc_chunkpost._config import configured
+    from pymc_chunkpost._support.config import configured
     from pymc_chunkpost.numpyro import Predictive
 
     model, args, posterior = build(name)

@@ -1,5 +1,5 @@
 """What a thread running Python costs PSIS: one part of a block (a normal model's
-log-likelihood), `pymc_chunkpost._psis.psis_loo_block` in passes of `--rows-per-pass` rows,
+log-likelihood), `pymc_chunkpost._stats.psis.psis_loo_block` in passes of `--rows-per-pass` rows,
 alone and beside a thread that runs Python without pause (the worst case of `loo`'s block
 thread, which builds the next block's graph while this block is smoothed). Each numpy call
 lets the GIL go; taking it back from a thread running Python waits up to the switch
@@ -26,7 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     import numpy as np
 
-    from pymc_chunkpost import _psis
+    from pymc_chunkpost._stats import psis as _psis
 
     rng = np.random.default_rng(0)
     mu = rng.normal(size=(args.rows, 1))

@@ -1,5 +1,5 @@
 """PSIS's host cost per value, one thread against one part per core, and by the rows of a
-pass: a block of a normal model's log-likelihood, `pymc_chunkpost._psis.psis_loo_block` on
+pass: a block of a normal model's log-likelihood, `pymc_chunkpost._stats.psis.psis_loo_block` on
 (rows, draws) parts, each part in passes of `--rows-per-pass` rows (0: the whole part), and the
 whole `loo` of bench_loo's model with the parts capped (`--parts`), warm (one call before).
 
@@ -29,7 +29,8 @@ def main() -> None:
     import numpy as np
 
     import pymc_chunkpost
-    from pymc_chunkpost import _loo, _psis
+    from pymc_chunkpost._stats import loo as _stats_loo
+    from pymc_chunkpost._stats import psis as _psis
 
     rng = np.random.default_rng(0)
     mu = rng.normal(size=(args.rows, 1))
@@ -60,12 +61,12 @@ def main() -> None:
     model, idata = build(args.loo_rows)
     import warnings
 
-    from pymc_chunkpost._config import configured
+    from pymc_chunkpost._support.config import configured
 
     warnings.simplefilter("ignore")
     pymc_chunkpost.loo(idata, model, progressbar=False)  # compiled once: each call below warm
     for n in [int(p) for p in args.parts.split(",")][::-1]:
-        _loo.cpu_cores = lambda n=n: n
+        _stats_loo.cpu_cores = lambda n=n: n
         with configured(psis_parts=n):
             tic = time.perf_counter()
             pymc_chunkpost.loo(idata, model, progressbar=False)

@@ -559,7 +559,7 @@ def load_model(spec: str) -> pm.Model:
     elif Path(spec).suffix in (".p", ".pkl", ".pickle"):
         if not Path(spec).is_file():
             raise ValueError(f"Model file {spec!r} does not exist.")
-        from .._extras import require
+        from .._support.extras import require
 
         cloudpickle = require("cloudpickle")
         with open(spec, "rb") as f:

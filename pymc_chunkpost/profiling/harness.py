@@ -7,7 +7,7 @@ process:
 1. builds the model and `jax_fn`, and puts the raw draws on the device as jax arrays (outside
    the tracked region, so the peak is what post-processing adds, as after sampling);
 2. post-processes them under `memray.Tracker`, donating them as pymc does after sampling
-   (`donate_samples=True`): "ours:<strategy>" calls `pymc_chunkpost._postprocess.run`,
+   (`donate_samples=True`): "ours:<strategy>" calls `pymc_chunkpost._engine.call.postprocess.run`,
    "pymc:vmap" / "pymc:scan" call pymc's `_postprocess_samples`;
 3. after the tracker has stopped, compares every output with pymc's "vmap" on the same
    seeded draws (`np.allclose(rtol=1e-10, atol=1e-12)`), computed in blocks of draws so that
@@ -252,8 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
     from pymc.sampling.jax import _postprocess_samples
 
-    from pymc_chunkpost._extras import require
-    from pymc_chunkpost._postprocess import run
+    from pymc_chunkpost._engine.call.postprocess import run
+    from pymc_chunkpost._support.extras import require
 
     memray = require("memray")
 

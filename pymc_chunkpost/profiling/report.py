@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._extras import require
+from .._support.extras import require
 from .harness import CaseResult
 
 __all__ = ["failures", "machine_info", "table", "write_report", "plot"]

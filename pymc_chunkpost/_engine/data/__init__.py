@@ -1,0 +1,1 @@
+"""What a call is: `Problem`, `Placement`, and the types several layers share."""

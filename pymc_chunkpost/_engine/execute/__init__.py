@@ -1,0 +1,1 @@
+"""Mechanism: a plan compiled (or loaded), run, and its outputs streamed to their home."""

@@ -1,0 +1,1 @@
+"""The statistics: PSIS, and LOO computed in blocks of observations."""
