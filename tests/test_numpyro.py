@@ -204,7 +204,7 @@ def test_typed_keys_and_single_draws_as_numpyro(posteriors, caplog):
     # One draw: numpyro calls the model op by op (nothing to map), so numpyro's own runs.
     one = {k: v[0] for k, v in draws.items()}
     first = {k: v[:1] for k, v in draws.items()}
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost"):
         for single, batch_ndims in ((one, 0), (first, 1)):
             predictive = Predictive(model, single, batch_ndims=batch_ndims)
             theirs = NumpyroPredictive(model, single, batch_ndims=batch_ndims)
@@ -253,11 +253,10 @@ def test_guide_with_batched_params_runs_numpyros_own_with_a_note(svi_fit, caplog
     batched = {k: jnp.stack([v, v * 0.5]) for k, v in params.items()}
     options = {"guide": guide, "params": batched, "num_samples": 4, "batch_ndims": 1}
     predictive = Predictive(model, **options)
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost"):
         ours = predictive(KEY, x)
     assert [r.getMessage() for r in caplog.records] == [
-        "pymc_chunkpost: Predictive runs numpyro's own (a guide with params batched over "
-        "batch_ndims=1)."
+        "`Predictive` runs numpyro's own function (a guide with params batched over batch_ndims=1)."
     ]
     assert predictive.plan is None
     assert_identical(ours, NumpyroPredictive(model, **options)(KEY, x))
@@ -274,7 +273,7 @@ def test_infer_discrete_runs_numpyros_own(posteriors, monkeypatch, caplog):
             return {}
 
     monkeypatch.setattr(_numpyro, "_NumpyroPredictive", Recording)
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost"):
         assert Predictive(model, draws, infer_discrete=True)(KEY, *args) == {}
     assert seen == [True]
     assert "infer_discrete=True" in caplog.text
@@ -285,7 +284,7 @@ def test_log_likelihood_without_draws_runs_numpyros_own(caplog):
         numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
 
     y = jnp.arange(3.0)
-    with caplog.at_level(logging.INFO, logger="pymc_chunkpost._numpyro.routes"):
+    with caplog.at_level(logging.INFO, logger="pymc_chunkpost"):
         ours = log_likelihood(fixed, {}, y=y)
     assert "no posterior draws" in caplog.text
     assert_identical(ours, numpyro_log_likelihood(fixed, {}, y=y))

@@ -41,6 +41,7 @@ __all__ = [
     "fall_back",
     "host_array",
     "output_path",
+    "run",
     "split",
 ]
 
@@ -110,16 +111,20 @@ class Options:
 
 
 class Fallback(NamedTuple):
-    """Why a route runs pymc's own function instead of its JAX route, and how loudly it says so.
+    """Why a route runs its library's own function instead of its JAX route, and how loudly
+    it says so.
 
-    `level` is a `logging` level: DEBUG where pymc's own function is the route for that input
-    (a `MultiTrace`: nothing is lost, so nothing is said above DEBUG); INFO where the user
-    asked for pymc's compile; WARNING where the JAX route fails the call (it costs speed):
-    a one-line `UserWarning`, or a log warning while `patch` routes the call.
+    `level` is a `logging` level: DEBUG where the library's own function is the route for
+    that input (pymc's `MultiTrace`: nothing is lost, so nothing is said above DEBUG); INFO
+    where the user asked for it (pymc's compile) or where the engine has nothing to add
+    (NumPyro's single draw); WARNING where the JAX route fails the call (it costs speed): a
+    one-line `UserWarning`, or a log warning while `patch` routes the call. `library` names
+    whose function runs.
     """
 
     reason: str
     level: int
+    library: str = "pymc"
 
 
 def split(
@@ -190,10 +195,10 @@ def output_path(given: Any) -> Any:
 
 
 def fall_back(name: str, fallback: Fallback, original: Callable, *args: Any, **kwargs: Any) -> Any:
-    """pymc's own `original(*args, **kwargs)`, said at `fallback.level`: below WARNING on the
-    `pymc_chunkpost` logger; at WARNING a one-line `UserWarning` at the user's call, or a log
-    warning where `patch` routed the call here (`ROUTED`)."""
-    message = f"`{name}` runs pymc's own function ({fallback.reason})."
+    """The library's own `original(*args, **kwargs)`, said at `fallback.level`: below WARNING
+    on the `pymc_chunkpost` logger; at WARNING a one-line `UserWarning` at the user's call, or
+    a log warning where `patch` routed the call here (`ROUTED`)."""
+    message = f"`{name}` runs {fallback.library}'s own function ({fallback.reason})."
     if fallback.level < logging.WARNING:
         _log.log(fallback.level, message)
     elif ROUTED.get():
@@ -220,6 +225,25 @@ def as_draws(values: np.ndarray, n_sample_dims: int) -> np.ndarray:
     return values.reshape(lead + values.shape[n_sample_dims:])
 
 
+def run(
+    jax_fn: Callable, arrays: Sequence[Any], options: Options, label: str, **more: Any
+) -> tuple[list[Any], Any]:
+    """Every output of `jax_fn` at every draw of `arrays` (`(chains, draws, ...)` each), by
+    the engine within `options` (`postprocess.run`'s outputs and plan): the one call of the
+    engine for every route. `more`: the route's own keywords of `postprocess.run` (`store`,
+    `random`, `one_draw_programs`, an `output_memory` it chose), over the options'."""
+    return _postprocess.run(
+        jax_fn,
+        list(arrays),
+        options.backend,
+        options.strategy,
+        False,
+        progressbar=options.progressbar,
+        progress_label=label,
+        **(options.engine | more),
+    )
+
+
 def evaluate(
     jax_fn: Callable,
     arrays: Sequence[Any],
@@ -230,23 +254,13 @@ def evaluate(
     host_inputs: Sequence[np.ndarray] = (),
     store: Any = None,
 ) -> tuple[list[Any], bool]:
-    """Every output of `jax_fn` at every draw of `arrays` (`(chains, draws, ...)` each), by
-    the engine within `options`: writable numpy arrays (copies only of outputs that share
-    memory with `host_inputs`, the caller's draws), and False; or, where they went to disk,
-    laid out as `store` (a `_postprocess.StoreLayout`) says, the store's arrays and True.
-    `random`: `jax_fn` draws random numbers (`Problem.random`)."""
-    engine = options.engine if store is None else options.engine | {"store": store}
-    outputs, plan = _postprocess.run(
-        jax_fn,
-        list(arrays),
-        options.backend,
-        options.strategy,
-        False,
-        progressbar=options.progressbar,
-        progress_label=label,
-        random=random,
-        **engine,
-    )
+    """Every output of `jax_fn` at every draw of `arrays` (`run`), as pymc returns them:
+    writable numpy arrays (copies only of outputs that share memory with `host_inputs`, the
+    caller's draws), and False; or, where they went to disk, laid out as `store` (a
+    `postprocess.StoreLayout`) says, the store's arrays and True. `random`: `jax_fn` draws
+    random numbers (`Problem.random`)."""
+    more = {"random": random} | ({} if store is None else {"store": store})
+    outputs, plan = run(jax_fn, arrays, options, label, **more)
     if plan.output_memory == "disk":
         return list(outputs), True
     values: list[Any] = []

@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._engine.call.options import check_options
 from .._frontend import seam as _route
 from .._support.messages import warn
 
@@ -52,15 +51,7 @@ class Options:
         # `configure_memory`'s default path where none is given, resolved once, here, as
         # every route resolves it.
         object.__setattr__(self, "output_path", _route.output_path(self.output_path))
-        check_options(
-            self.postprocessing_vectorize,
-            self.chunk_size,
-            None,
-            self.memory_budget,
-            self.output_memory,
-            output_path=self.output_path,
-            resume=self.resume,
-        )
+        self.engine().check()
         if not isinstance(self.progressbar, bool):
             raise ValueError(f"`progressbar` must be True or False, got {self.progressbar!r}.")
         if not isinstance(self.exact, bool):
@@ -68,6 +59,18 @@ class Options:
                 f"`exact` must be True or False, got {self.exact!r}. Pass False to compute a "
                 "chunk's draws together, vectorised (faster, last bits may differ)."
             )
+
+    def engine(self) -> _route.Options:
+        """These options as every route hands them to the engine (`seam.run`): NumPyro's
+        draws stay where they are (no `postprocessing_backend`)."""
+        engine = {
+            "chunk_size": self.chunk_size,
+            "memory_budget": self.memory_budget,
+            "output_memory": self.output_memory,
+            "output_path": self.output_path,
+            "resume": self.resume,
+        }
+        return _route.Options(None, self.postprocessing_vectorize, self.progressbar, engine)
 
 
 def is_key(x: Any) -> bool:

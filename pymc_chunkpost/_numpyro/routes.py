@@ -5,7 +5,8 @@ and maps that over the draws with `soft_vmap`: with `parallel=True` one eager `j
 every draw at once (its temporaries grow with the draws), with `parallel=False` (the default)
 a `lax.map`, one draw at a time. Here the same per-draw function, fed the key numpyro gives
 each draw (`random.split(rng_key, num_samples)`), is traced once and mapped by
-`_postprocess.run`: compiled, chunked, within a memory budget.
+the engine through the seam every route shares (`seam.run`): compiled, chunked, within a
+memory budget.
 
 What makes the numbers numpyro's (`parallel=False`'s, bit for bit; docs/numpyro.md has
 what was compared, and why `parallel=True` cannot be matched as well):
@@ -25,11 +26,11 @@ what was compared, and why `parallel=True` cannot be matched as well):
   (`Predictive._guide_draws`).
 
 What cannot be honoured runs numpyro's own function, with a one-line note through `logging`
-(`_fallback`): `infer_discrete=True` (numpyro enumerates discrete sites with funsor, after a
-prototype trace), a guide with batched `params` (numpyro vmaps over them), a single draw
-(numpyro computes it op by op, as its `parallel=True` computes every draw) and
-`log_likelihood` without posterior draws. Those hold their outputs in memory, so
-`output_memory="disk"` refuses them before any work.
+(`_fallback`, the seam's `fall_back`, as pymc's routes say theirs): `infer_discrete=True`
+(numpyro enumerates discrete sites with funsor, after a prototype trace), a guide with batched
+`params` (numpyro vmaps over them), a single draw (numpyro computes it op by op, as its
+`parallel=True` computes every draw) and `log_likelihood` without posterior draws. Those hold
+their outputs in memory, so `output_memory="disk"` refuses them before any work.
 
 With `output_memory="disk"` (or "auto" with an output path) the outputs go into a Zarr store
 (`_zarr_store`) whose arrays have numpyro's shapes, `batch_shape + site shape`, and are
@@ -56,8 +57,9 @@ from numpyro import handlers
 from numpyro.infer.util import Predictive as _NumpyroPredictive
 from numpyro.infer.util import log_likelihood as _numpyro_log_likelihood
 
-from .._engine.call import postprocess as _postprocess
 from .._engine.data.types import Plan
+from .._frontend import seam as _route
+from .._frontend.seam import Fallback, fall_back
 from .._support.compat import splits_key_at
 from .._support.messages import warn
 from .arguments import (
@@ -81,8 +83,6 @@ from .store import store_layout
 from .trace import log_likelihood_draw, predict_draw, trace
 
 __all__ = ["Predictive", "log_likelihood"]
-
-logger = logging.getLogger(__name__)
 
 
 # numpyro maps nothing over a single draw: it calls the per-draw function as it is, op by op
@@ -460,9 +460,9 @@ def _refuse_disk(options: Options, reason: str | None) -> None:
 
 
 def _fallback(what: str, reason: str, call: Callable[[], Any]) -> Any:
-    """numpyro's own function, for what the engine cannot honour, with a one-line note."""
-    logger.info("pymc_chunkpost: %s runs numpyro's own (%s).", what, reason)
-    return call()
+    """numpyro's own function, for what the engine cannot honour, said at INFO (the seam's
+    `fall_back`, as on every route)."""
+    return fall_back(what, Fallback(reason, logging.INFO, "numpyro"), call)
 
 
 # --- the map ---------------------------------------------------------------------------------
@@ -501,20 +501,14 @@ def _map(
         place_like(np.broadcast_to(np.asarray(c), lead + np.shape(c)), inputs[0]) for c in constants
     ]
     output_memory, store = store_layout(traced, batch_shape, options, group)
-    outputs, plan = _postprocess.run(
+    outputs, plan = _route.run(
         traced.jax_fn,
         [inputs[i] for i in traced.used] + per_draw_small,
-        None,
-        options.postprocessing_vectorize,
-        False,
-        chunk_size=options.chunk_size,
-        memory_budget=options.memory_budget,
-        progressbar=options.progressbar,
+        options.engine(),
+        label,
         output_memory=output_memory,
         output_path=None if store is None else options.output_path,
-        resume=options.resume,
         store=store,
-        progress_label=label,
         one_draw_programs=options.exact,
     )
     if plan.output_memory == "disk":  # the store's arrays, of numpyro's shapes
