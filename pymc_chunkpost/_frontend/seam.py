@@ -230,8 +230,10 @@ def run(
 ) -> tuple[list[Any], Any]:
     """Every output of `jax_fn` at every draw of `arrays` (`(chains, draws, ...)` each), by
     the engine within `options` (`postprocess.run`'s outputs and plan): the one call of the
-    engine for every route. `more`: the route's own keywords of `postprocess.run` (`store`,
-    `random`, `one_draw_programs`, an `output_memory` it chose), over the options'."""
+    engine for every route that maps a library's function (pymc's post-hoc, predictive and
+    loo, NumPyro's; `pm.sample`'s patch is `postprocess_samples` itself). `more`: the
+    route's own keywords of `postprocess.run` (`store`, `random`, `one_draw_programs`, an
+    `output_memory` it chose), over the options'."""
     return _postprocess.run(
         jax_fn,
         list(arrays),

@@ -29,7 +29,7 @@ from ..kernels.chunked import resolve_chunk_size
 from ..plan import planner as _planner
 from ..plan import resources as _resources
 from ..plan.attempt import Attempt
-from ..plan.facts import CallFacts, gather
+from ..plan.facts import CallFacts, gather, where_it_runs
 from . import draws
 from .options import check_options
 
@@ -181,7 +181,7 @@ def plan(
             budget = _shard_budget(memory_budget, len(shards))
             plans = [plan(jax_fn, x, None, memory_budget=budget) for x in shards.values()]
             return _shard_by_shard_plan(plans, one_by_one)
-        facts = gather(problem, "auto", memory_budget=memory_budget)
+        facts = gather(where_it_runs(problem, "auto"), "auto", memory_budget=memory_budget)
         return _planner.first_attempt(jax_fn, facts, "auto").plan
 
 
@@ -241,6 +241,9 @@ def run(
                 progress_label=progress_label,
                 matmul_precision=matmul_precision,
             )
+        problem = where_it_runs(problem, strategy)
+        placed, donate = draws.place(samples, donate_samples, problem)
+        # Invariant: free memory is read with the draws where they run (`one_reading`).
         facts = gather(
             problem,
             strategy,
@@ -248,7 +251,6 @@ def run(
             output_memory=output_memory,
             disk=target is not None,
         )
-        placed, donate = draws.place(samples, donate_samples, facts.problem)
         size = None
         if chunk_size is not None or n_chunks is not None:
             size = resolve_chunk_size(facts.problem.n_local, chunk_size, n_chunks)

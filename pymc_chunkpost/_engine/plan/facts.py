@@ -1,19 +1,22 @@
-"""One call's facts, gathered once, each with why: where it runs, the budget, host memory's
-room, where the outputs live, the lanes, and whether XLA takes donated draws.
+"""One call's facts, each with why: where it runs, the budget, where the outputs live, the
+lanes, whether XLA takes donated draws, host memory's room and the device's free memory.
 
-`gather` asks the machine and `_resources`' rules every question of a call, once, before any
-work (so a bad request fails before the draws move); the planner then reads the answers from
-`CallFacts` and asks the machine nothing. After an out-of-memory failure, `read_again` asks
-again what the failure may have changed (free device and host memory): the retry policy
+`where_it_runs` puts a call on the devices it runs on; once the draws are there, `gather` asks
+`resources`' rules every other question of the call, once, before any work; the planner then
+reads the answers from `CallFacts` and asks the machine nothing. The free memories
+(`host_room`, `device_free`) are read the first time a plan needs them, within the call's one
+reading of the machine (`memory.one_reading`). After an out-of-memory failure, `read_again`
+(after `memory.read_again`) gives facts whose free memories are read anew: the retry policy
 plans from those.
 
-Invariant: `CallFacts` is frozen, and every decision of a call about resources is one of its
-fields; a plan that reads a fact reads it here.
+Invariant: `CallFacts` is frozen (its free memories read once each), and every decision of a
+call about resources is one of its facts; a plan that reads a fact reads it here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Generic, TypeVar
 
 import jax
@@ -21,18 +24,9 @@ import jax
 from ..._support.memory import free_bytes, host_budget_setting
 from ..data.problem import Placement, Problem
 from ..kernels.strategies import CHUNK_STRATEGIES
-from .resources import (
-    host_fits,
-    host_is_the_device,
-    host_room,
-    host_staging_room,
-    lanes_for,
-    output_memory_for,
-    resolve_budget,
-    spread,
-)
+from . import resources
 
-__all__ = ["CallFacts", "Fact", "gather", "xla_may_donate"]
+__all__ = ["CallFacts", "Fact", "gather", "where_it_runs", "xla_may_donate"]
 
 T = TypeVar("T")
 
@@ -54,8 +48,6 @@ class CallFacts:
     output_memory: Fact[str]  # "device", "host" or "disk"
     lanes: Fact[int]  # host threads streaming chunks at once
     donation: Fact[bool]  # whether XLA itself takes donated draws (else: freed after success)
-    host_room: Fact[int]  # host bytes the call may take beyond the margin (may be negative)
-    device_free: Fact[int | None]  # the device's free bytes; None where it cannot say
     # Outputs in host memory are the planner's choice on a CPU (lanes), not the caller's:
     # there host memory is the device's own, so they count in its budget and come back as
     # `jax.Array`s on the device.
@@ -66,20 +58,39 @@ class CallFacts:
         placement = self.problem.placement
         return Fact(placement, placement.reason or "where the draws are")
 
+    @functools.cached_property
+    def host_room(self) -> Fact[int]:
+        """Host bytes the call may take beyond `host_margin_bytes` (may be negative): none
+        kept under the user's own host budget, which already says what our calls may take."""
+        own = host_budget_setting() is not None
+        why = "the host budget" if own else "the host's available memory, less the margin"
+        return Fact(resources.host_room(), why)
+
+    @functools.cached_property
+    def device_free(self) -> Fact[int | None]:
+        """The device's free bytes; None where it cannot say."""
+        free = free_bytes(self.problem.device)
+        return Fact(free, "the device's memory statistics" if free is not None else "unknown")
+
     def staging_room(self, disk: bool = False) -> int:
         """Host bytes for the chunks in flight (`resources.host_staging_room`)."""
-        return host_staging_room(self.problem, self.host_room.value, disk)
+        return resources.host_staging_room(self.problem, self.host_room.value, disk)
 
     def host_fits(self, staging: int, disk: bool = False) -> bool:
         """Whether host memory holds the outputs and `staging` (`resources.host_fits`)."""
-        return host_fits(self.problem, self.host_room.value, staging, disk)
+        return resources.host_fits(self.problem, self.host_room.value, staging, disk)
 
     def read_again(self) -> CallFacts:
-        """The facts after an out-of-memory failure: free device and host memory read from
-        the machine again (`memory.read_again` first); the rest is the call's."""
-        return dataclasses.replace(
-            self, host_room=_host_room(), device_free=_device_free(self.problem)
-        )
+        """The facts after an out-of-memory failure, `memory.read_again` called: the free
+        memories read from the machine anew when next needed; the rest is the call's."""
+        return dataclasses.replace(self)
+
+
+def where_it_runs(problem: Problem, strategy: str) -> Problem:
+    """`problem` on the devices it runs on: a planned strategy (`auto`, `chunked`) may spread
+    single-device draws over several accelerators (`resources.spread`); a fixed strategy
+    runs where the draws are."""
+    return resources.spread(problem) if strategy in CHUNK_STRATEGIES else problem
 
 
 def gather(
@@ -90,40 +101,35 @@ def gather(
     output_memory: str = "auto",
     disk: bool = False,
 ) -> CallFacts:
-    """Every fact of a call, asked once, before any work.
+    """Every fact of a call whose draws are where it runs (`where_it_runs`), asked
+    once, before any work.
 
-    A planned strategy (`auto`, `chunked`) may spread single-device draws over several
-    accelerators (`spread`) and chooses where the outputs live (`output_memory_for`); a fixed
-    strategy runs where the draws are, its outputs on the device, and is checked only against
-    an explicit `memory_budget`. `disk`: an output path is set.
+    A planned strategy (`auto`, `chunked`) chooses where the outputs live
+    (`output_memory_for`); a fixed strategy keeps its outputs on the device, and is checked
+    only against an explicit `memory_budget`. `disk`: an output path is set.
 
     Raises:
         ValueError: outputs in host memory or on disk asked where they cannot stream.
         MemoryError: the outputs fit neither the device budget nor host memory.
     """
     planned = strategy in CHUNK_STRATEGIES
-    if planned:
-        problem = spread(problem)
     budget: Fact[int | None] = Fact(None, "a fixed strategy, no `memory_budget`: no limit")
     if planned or memory_budget is not None:
         given = memory_budget is not None
         budget = Fact(
-            resolve_budget(problem, memory_budget),
+            resources.resolve_budget(problem, memory_budget),
             "the `memory_budget` given" if given else "the device's free memory",
         )
-    lanes = Fact(*lanes_for(problem))
     where = Fact("device", "a fixed strategy keeps its outputs on the device")
     if planned:
-        where = Fact(*output_memory_for(problem, output_memory, budget.value, disk))
+        where = Fact(*resources.output_memory_for(problem, output_memory, budget.value, disk))
     return CallFacts(
         problem=problem,
         budget=budget,
         output_memory=where,
-        lanes=lanes,
+        lanes=Fact(*resources.lanes_for(problem)),
         donation=_donation(problem),
-        host_room=_host_room(),
-        device_free=_device_free(problem),
-        host_is_the_device=host_is_the_device(problem, output_memory),
+        host_is_the_device=resources.host_is_the_device(problem, output_memory),
     )
 
 
@@ -143,14 +149,3 @@ def _donation(problem: Problem) -> Fact[bool]:
     if xla_may_donate(problem.device):
         return Fact(True, "XLA takes the donated draws: the outputs may reuse their buffers")
     return Fact(False, "donated draws are deleted after success: a retry still needs them")
-
-
-def _host_room() -> Fact[int]:
-    own = host_budget_setting() is not None
-    why = "the host budget" if own else "the host's available memory, less the margin"
-    return Fact(host_room(), why)
-
-
-def _device_free(problem: Problem) -> Fact[int | None]:
-    free = free_bytes(problem.device)
-    return Fact(free, "the device's memory statistics" if free is not None else "not reported")

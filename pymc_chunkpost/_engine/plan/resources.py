@@ -2,8 +2,10 @@
 
 The devices (`spread`: single-device draws over several accelerators; `shard_by_shard`: shards
 one after another where a jaxlib can deadlock), the memory budget per device
-(`resolve_budget`, `check_budget`), and where the outputs live (`output_memory_for`). Each is
-decided here once, from the problem and the machine; the chunk plan (`_planner`) reads them.
+(`resolve_budget`, `check_budget`), where the outputs live (`output_memory_for`), the lanes
+(`lanes_for`) and host memory's room (`host_room`, `host_staging_room`, `host_fits`). Each rule
+lives here once; a call asks them once, through its facts (`facts.gather`), which the chunk
+plan reads.
 """
 
 from __future__ import annotations
