@@ -20,7 +20,7 @@ from helpers import assert_same, reference
 
 import pymc_chunkpost
 from pymc_chunkpost import clear_caches
-from pymc_chunkpost._engine.call import postprocess as _postprocess
+from pymc_chunkpost._engine.call import draws as _draws
 
 pm = pytest.importorskip("pymc")
 
@@ -43,16 +43,16 @@ HIGHEST = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 
 @pytest.fixture
 def traced(monkeypatch):
-    """The per-draw jaxprs that `_postprocess.run` analyses, in order."""
+    """The per-draw jaxprs that the engine analyses (`draws.validate`), in order."""
     jaxprs = []
-    analyse = _postprocess.analyse
+    analyse = _draws.analyse
 
     def spy(*args, **kwargs):
         problem = analyse(*args, **kwargs)
         jaxprs.append(problem.jaxpr.jaxpr)
         return problem
 
-    monkeypatch.setattr(_postprocess, "analyse", spy)
+    monkeypatch.setattr(_draws, "analyse", spy)
     return jaxprs
 
 
@@ -110,7 +110,7 @@ def _as_posterior(idata):
 
 @pytest.mark.parametrize("bad", ["float64", "HIGHEST", 3, ""])
 def test_a_bad_precision_is_refused_before_any_work(bad, monkeypatch):
-    monkeypatch.setattr(_postprocess, "analyse", lambda *a, **k: pytest.fail("traced"))
+    monkeypatch.setattr(_draws, "analyse", lambda *a, **k: pytest.fail("traced"))
     raw = [np.zeros((2, 5, 3))]
     with pytest.raises(ValueError, match="`matmul_precision` must be one of"):
         pymc_chunkpost.postprocess_samples(lambda x: [x], raw, matmul_precision=bad)
