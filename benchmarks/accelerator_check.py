@@ -60,7 +60,7 @@ install them with `pip install --no-deps --target /tmp/site`, and run with
 `PYTHONPATH=/tmp/site`.
 
 A watchdog thread reads the host's available memory (`MemAvailable`, capped by a cgroup's
-limit: `profiling.internals.host_available_bytes`) every 0.2 s and kills the running section
+limit: `_internals.host_available_bytes`) every 0.2 s and kills the running section
 (its whole process group) when it falls under `--min-available-gib`: on a TPU machine the
 runtime holds about 15 GB of host memory itself, and a host out of memory loses the
 machine and everything not yet written. `--quick` runs every section at small sizes, as a
