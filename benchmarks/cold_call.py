@@ -19,12 +19,16 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
 
 CHILD = r"""
 import json, os, sys, tempfile, time, warnings
 warnings.filterwarnings("ignore")
 os.environ["PYMC_CHUNKPOST_CACHE_DIR"] = tempfile.mkdtemp()
 model, case, draws = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])  # benchmarks/, for `_internals`
 import jax
 jax.config.update("jax_enable_x64", True)
 from jax._src import compiler
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for case in CASES:
             done = subprocess.run(
-                [sys.executable, "-c", CHILD, args.model, case, str(args.draws)],
+                [sys.executable, "-c", CHILD, args.model, case, str(args.draws), HERE],
                 capture_output=True,
                 text=True,
                 check=True,

@@ -30,6 +30,7 @@ import time
 
 import jax
 
+from pymc_chunkpost._engine.call import draws as _draws
 from pymc_chunkpost._engine.call import postprocess as _postprocess
 from pymc_chunkpost._engine.data.types import Loop
 from pymc_chunkpost._engine.execute.executor import obtain
@@ -78,7 +79,7 @@ def _cold_run(name: str, kwargs: dict, size: int) -> float:
 
 def sweep(name: str, kwargs: dict, sizes: list[int], repeats: int, cold: bool = False) -> dict:
     fn, draws = _model(name, kwargs)
-    problem, _ = _postprocess._validate(fn, draws, None)
+    problem, _ = _draws.validate(fn, draws, None)
 
     def run(size: int) -> float:
         tic = time.perf_counter()

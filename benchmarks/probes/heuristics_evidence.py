@@ -31,6 +31,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from pymc_chunkpost import clear_caches  # noqa: E402
+from pymc_chunkpost._engine.call import draws as _draws  # noqa: E402
 from pymc_chunkpost._engine.call import postprocess as _postprocess  # noqa: E402
 from pymc_chunkpost._engine.data.types import Loop  # noqa: E402
 from pymc_chunkpost._engine.execute.executor import obtain  # noqa: E402
@@ -54,7 +55,7 @@ def jump(names: list[str]) -> None:
     print("|---|---:|---:|---:|---:|---:|---|")
     for name in names:
         fn, raw = _model(name, 1000)
-        problem, _ = _postprocess._validate(fn, raw, "cpu")
+        problem, _ = _draws.validate(fn, raw, "cpu")
         plan = _postprocess.plan(fn, raw, "cpu", memory_budget=2**34)
         size = plan.chunk_size or 64
         while size >= 1:
@@ -109,7 +110,7 @@ def overhead(names: list[str], repeats: int) -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name in names:
         fn, raw = _model(name, 500)
-        problem, _ = _postprocess._validate(fn, raw, "cpu")
+        problem, _ = _draws.validate(fn, raw, "cpu")
         n = problem.n_local
         # XLA's loops over many buffers compile for minutes: those run the host loop only.
         many = problem.n_buffers > current().host_loop_many_buffers
