@@ -455,6 +455,21 @@ def test_bad_posterior(model_and_posterior, runs):
     assert runs == []
 
 
+@pytest.mark.parametrize("route", ["compute_log_likelihood", "compute_log_prior"])
+def test_a_missing_free_variable_is_both_errors_pymc_users_catch(model_and_posterior, runs, route):
+    """pymc raises `KeyError` for a posterior without a free variable; ours says more, as a
+    `ValueError`, and is still caught by `except KeyError`."""
+    model, post = model_and_posterior("counts")
+    idata = idata_of(post.drop_vars("p"))
+    with pytest.raises(KeyError):
+        PYMC[route](idata, model=model, **JAX_MODE)
+    with pytest.raises(KeyError) as caught:
+        OURS[route](idata, model=model)
+    assert isinstance(caught.value, ValueError)
+    assert str(caught.value).startswith("`idata.posterior` has no ['p']")  # not quoted
+    assert runs == []
+
+
 def test_new_run_options_pass_through(model_and_posterior, monkeypatch):
     """An option `run` gains later (such as `output_memory`) reaches it unchanged."""
     model, post = model_and_posterior("eight_schools")

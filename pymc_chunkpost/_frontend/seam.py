@@ -35,6 +35,7 @@ __all__ = [
     "OPTIONS",
     "ROUTED",
     "Fallback",
+    "MissingVariableError",
     "Options",
     "as_draws",
     "evaluate",
@@ -108,6 +109,15 @@ class Options:
         # call handed to pymc's own function starts no JAX backend (whose start logs).
         if self.backend is not None:
             resolve_device(self.backend)
+
+
+class MissingVariableError(ValueError, KeyError):
+    """The draws lack a variable that the route needs: a `ValueError` whose message says what
+    to pass instead, and a `KeyError`, which is what pymc's own function raises for it, so
+    that code written for either `except` still catches it."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message as a key
+        return str(self.args[0]) if self.args else ""
 
 
 class Fallback(NamedTuple):

@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from .._engine.call import postprocess as _postprocess
-from .._frontend.seam import Fallback, Options, as_draws, evaluate, fall_back, split
+from .._frontend.seam import (
+    Fallback,
+    MissingVariableError,
+    Options,
+    as_draws,
+    evaluate,
+    fall_back,
+    split,
+)
 from .._store import zarr as _zarr_store
 from .._support.cache import FunctionCache
 from .graph import jaxify
@@ -450,7 +458,7 @@ def _draws(dataset: Any, model: Any, sample_dims: Sequence[str], what: str) -> _
     free = list(model.free_RVs)
     names = [rv.name for rv in free]
     if missing := [n for n in names if n not in dataset.data_vars]:
-        raise ValueError(
+        raise MissingVariableError(
             f"`{what}` has no {missing}: every free variable of the model ({names}) is needed. "
             "Was it sampled from another model, or with `var_names` that left them out?"
         )
