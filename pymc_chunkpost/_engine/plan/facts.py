@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 import jax
 
 from ..._support.memory import free_bytes, host_budget_setting
-from ..data.problem import Placement, Problem
+from ..data.problem import Problem
 from ..kernels.strategies import CHUNK_STRATEGIES
 from . import resources
 
@@ -43,7 +43,7 @@ class Fact(Generic[T]):
 class CallFacts:
     """What one call may use and where it runs, read once (`gather`)."""
 
-    problem: Problem  # on the devices it runs on: `placement` says which, and why
+    problem: Problem  # on the devices it runs on: its `placement` says which, and why
     budget: Fact[int | None]  # bytes per device for outputs and temporaries; None: no limit
     output_memory: Fact[str]  # "device", "host" or "disk"
     lanes: Fact[int]  # host threads streaming chunks at once
@@ -52,11 +52,6 @@ class CallFacts:
     # there host memory is the device's own, so they count in its budget and come back as
     # `jax.Array`s on the device.
     host_is_the_device: bool
-
-    @property
-    def placement(self) -> Fact[Placement]:
-        placement = self.problem.placement
-        return Fact(placement, placement.reason or "where the draws are")
 
     @functools.cached_property
     def host_room(self) -> Fact[int]:
