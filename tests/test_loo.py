@@ -368,19 +368,19 @@ def test_hierarchical_equals_arviz(block_size):
 
 def test_on_an_accelerator_small_loo_runs_on_the_host(monkeypatch):
     """The policy (`_resources.loo_backend`): the caller's backend where named; on a CPU the
-    default; on an accelerator the host CPU up to `loo_host_values_per_core` a core, the
+    default; on an accelerator the host CPU up to `host_values_per_core` a core, the
     device above. `loo` hands the engine what it decides, with ArviZ's numbers."""
     from pymc_chunkpost._engine.plan import resources as _resources
 
     monkeypatch.setattr(_resources, "cpu_cores", lambda: 4)
-    limit = 4 * _resources.current().loo_host_values_per_core
+    limit = 4 * _resources.current().host_values_per_core
     monkeypatch.setattr(_resources.jax, "default_backend", lambda: "cpu")
     assert _resources.loo_backend(None, 10)[0] is None
     monkeypatch.setattr(_resources.jax, "default_backend", lambda: "tpu")
     assert _resources.loo_backend(None, limit)[0] == "cpu"
     assert _resources.loo_backend(None, limit + 1)[0] is None
     assert _resources.loo_backend("tpu", 10)[0] == "tpu"
-    with pymc_chunkpost.configured(loo_host_values_per_core=1):
+    with pymc_chunkpost.configured(host_values_per_core=1):
         assert _resources.loo_backend(None, 5)[0] is None
     with monkeypatch.context() as patch:  # JAX started without its CPU backend
 

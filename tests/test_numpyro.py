@@ -107,6 +107,21 @@ def test_predictive_equals_numpyro(posteriors, name, batch_ndims):
     assert_identical(ours, theirs)
 
 
+def test_outputs_stay_on_the_draws_device_small_or_not(posteriors, monkeypatch):
+    """NumPyro's routes return `jax.Array`s where the draws are: small work is never moved
+    to the host CPU (`resources.small_work_on_host` is not asked)."""
+    asked = []
+    monkeypatch.setattr(
+        _resources, "small_work_on_host", lambda *args: asked.append(args) or (True, "a test")
+    )
+    model, args = MODELS["hierarchical"]
+    draws, y = posteriors("hierarchical")
+    ours = Predictive(model, draws)(KEY, *args)
+    log_likelihood(model, draws, *args, y=y)
+    assert asked == []
+    assert all(isinstance(v, jax.Array) for v in ours.values())
+
+
 @pytest.mark.parametrize("batch_ndims", [1, 2])
 def test_predictive_equals_numpyro_under_the_original_threefry_split(posteriors, batch_ndims):
     """Where jax splits keys with its original (non-partitionable) threefry, a draw's key is

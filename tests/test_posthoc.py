@@ -558,3 +558,43 @@ def test_a_fallback_warns_a_direct_call_and_logs_a_routed_one(
     assert_same_dataset(routed, theirs)
     (record,) = [r for r in caplog.records if r.name == "pymc_chunkpost"]
     assert record.levelno == logging.WARNING and "no JAX implementation" in record.getMessage()
+
+
+# --- small work on an accelerator --------------------------------------------------------
+
+
+def test_small_work_goes_to_the_host_only_where_the_caller_named_no_device(
+    model_and_posterior, runs, monkeypatch
+):
+    """The routes ask the engine for the host CPU's small-work rule only where the caller
+    named no device (`small_on_host`), and the engine moves such a call's draws to the host
+    CPU where `resources.small_work_on_host` says so, with its reason in the plan; the values
+    are pymc's either way."""
+    from pymc_chunkpost._engine.plan import resources as _resources
+
+    model, post = model_and_posterior("data_regression")
+    asked, plans = [], []
+    monkeypatch.setattr(
+        _resources,
+        "small_work_on_host",
+        lambda platform, values: asked.append(values) or (True, "small work (a test)"),
+    )
+    run = _postprocess.run
+
+    def planned(*args, **kwargs):
+        outputs, plan = run(*args, **kwargs)
+        plans.append(plan)
+        return outputs, plan
+
+    monkeypatch.setattr(_postprocess, "run", planned)
+    kwargs = dict(model=model, extend_inferencedata=False, progressbar=False)
+    ours = pymc_chunkpost.compute_log_likelihood(idata_of(post), **kwargs)
+    assert runs[-1][1]["small_on_host"] is True
+    (matrix,) = as_dataset(ours).data_vars.values()
+    assert asked == [matrix.size]  # draws x observations: every output value
+    assert plans[-1].devices_reason == "the host CPU: small work (a test)"
+    named = pymc_chunkpost.compute_log_likelihood(
+        idata_of(post), postprocessing_backend="cpu", **kwargs
+    )
+    assert runs[-1][1]["small_on_host"] is False and asked == [matrix.size]
+    assert_same_dataset(ours, named)

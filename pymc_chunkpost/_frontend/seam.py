@@ -243,7 +243,11 @@ def run(
     engine for every route that maps a library's function (pymc's post-hoc, predictive and
     loo, NumPyro's; `pm.sample`'s patch is `postprocess_samples` itself). `more`: the
     route's own keywords of `postprocess.run` (`store`, `random`, `one_draw_programs`, an
-    `output_memory` it chose), over the options'."""
+    `output_memory` it chose), over the options'.
+
+    Invariant: where the caller named no device, small work on an accelerator runs on the
+    host CPU (`small_on_host`), unless the route decided the device itself (its engine
+    options say `small_on_host=False`): every route's outputs come back to the host."""
     return _postprocess.run(
         jax_fn,
         list(arrays),
@@ -252,7 +256,7 @@ def run(
         False,
         progressbar=options.progressbar,
         progress_label=label,
-        **(options.engine | more),
+        **({"small_on_host": options.backend is None} | options.engine | more),
     )
 
 

@@ -62,13 +62,15 @@ class Options:
 
     def engine(self) -> _route.Options:
         """These options as every route hands them to the engine (`seam.run`): NumPyro's
-        draws stay where they are (no `postprocessing_backend`)."""
+        draws stay where they are (no `postprocessing_backend`), and its outputs are
+        `jax.Array`s on the draws' device, small or not (`small_on_host=False`)."""
         engine = {
             "chunk_size": self.chunk_size,
             "memory_budget": self.memory_budget,
             "output_memory": self.output_memory,
             "output_path": self.output_path,
             "resume": self.resume,
+            "small_on_host": False,
         }
         return _route.Options(None, self.postprocessing_vectorize, self.progressbar, engine)
 

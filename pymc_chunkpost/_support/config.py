@@ -203,13 +203,15 @@ class PlannerConfig:
         exact_product_platforms: the platforms where that pays: a TPU's "highest" is
             bfloat16 passes; a CPU's and a GPU's is float32's own product already.
 
-    Where `loo` runs:
-        loo_host_values_per_core: on an accelerator, `loo` with no backend named computes
-            its log-likelihood blocks on the host CPU where draws x observations are at most
-            this many per host core: there the device's compiles (seconds each on a TPU)
-            cost more than its run saves. On a TPU v5e's 13-core host, at 4,000 draws x
-            20,000 observations (6.2 million a core), the host was 1.5-1.9x faster than the
-            chip on five GLM families, and its float32 numbers are the host's.
+    Small work on an accelerator:
+        host_values_per_core: on an accelerator, a route whose caller named no device
+            (`loo`'s blocks, the post-hoc and predictive routes, NumPyro's) computes on the
+            host CPU where its output values (draws x observations for `loo`) are at most
+            this many per host core (`resources.small_work_on_host`): there the device's
+            compiles (seconds each on a TPU) cost more than its run saves. On a TPU v5e's
+            13-core host, at 4,000 draws x 20,000 observations (6.2 million a core), the
+            host was 1.5-1.9x faster than the chip on five GLM families' `loo`, and its
+            float32 numbers are the host's.
 
     Tracing:
         eqns_per_run: the draws' tail mapped by `jax.vmap` costs about as much tracing as
@@ -262,7 +264,7 @@ class PlannerConfig:
     store_max_bytes: int = 256 * MiB
     exact_product_terms: int = 16
     exact_product_platforms: tuple[str, ...] = ("tpu",)
-    loo_host_values_per_core: int = 8_000_000
+    host_values_per_core: int = 8_000_000
     eqns_per_run: int = 4
 
     @property
@@ -320,7 +322,7 @@ EVIDENCE: dict[str, str] = {
     "store_max_bytes": f"{_STRATEGIES}#executable-store-size",
     "exact_product_terms": f"{_STRATEGIES}#small-float32-products-on-a-tpu",
     "exact_product_platforms": f"{_STRATEGIES}#small-float32-products-on-a-tpu",
-    "loo_host_values_per_core": "docs/loo.md#on-an-accelerator",
+    "host_values_per_core": "docs/loo.md#on-an-accelerator",
     "eqns_per_run": f"{_STRATEGIES}#elementwise-equations-per-run",
 }
 

@@ -204,11 +204,14 @@ def run(
     one_draw_programs: bool = False,
     random: bool = False,
     matmul_precision: str | None = None,
+    small_on_host: bool = False,
 ) -> tuple[list[Any], Plan]:
     """`postprocess_samples`, also returning the plan that ran; `progress_label` names the
     progress bar (each route says what it computes). `one_draw_programs`: `jax_fn`,
     mapped, computes one draw at a time (`Problem.one_draw_programs`); `random`: it draws
-    random numbers (`Problem.random`). `output_path`: the disk tier's store, as the route
+    random numbers (`Problem.random`); `small_on_host`: on an accelerator, small work runs
+    on the host CPU (`facts.where_it_runs`: a route whose caller named no device, whose
+    outputs come back to the host). `output_path`: the disk tier's store, as the route
     resolved it (a route that passes none never writes to disk). `store`: the names, group,
     dims and coords of the outputs on disk (by default `posterior/output_<j>`)."""
     strategy = postprocessing_vectorize
@@ -241,7 +244,7 @@ def run(
                 progress_label=progress_label,
                 matmul_precision=matmul_precision,
             )
-        problem = where_it_runs(problem, strategy)
+        problem = where_it_runs(problem, strategy, small_on_host=small_on_host)
         placed, donate = draws.place(samples, donate_samples, problem)
         # Invariant: free memory is read with the draws where they run (`one_reading`).
         facts = gather(

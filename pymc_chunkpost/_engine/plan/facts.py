@@ -81,11 +81,19 @@ class CallFacts:
         return dataclasses.replace(self)
 
 
-def where_it_runs(problem: Problem, strategy: str) -> Problem:
+def where_it_runs(problem: Problem, strategy: str, *, small_on_host: bool = False) -> Problem:
     """`problem` on the devices it runs on: a planned strategy (`auto`, `chunked`) may spread
-    single-device draws over several accelerators (`resources.spread`); a fixed strategy
-    runs where the draws are."""
-    return resources.spread(problem) if strategy in CHUNK_STRATEGIES else problem
+    single-device draws over several accelerators (`resources.spread`), or, where
+    `small_on_host` (a route whose caller named no device), run small work on the host CPU
+    instead of an accelerator (`resources.on_host_if_small`); a fixed strategy runs where
+    the draws are."""
+    if strategy not in CHUNK_STRATEGIES:
+        return problem
+    if small_on_host:
+        moved = resources.on_host_if_small(problem)
+        if moved is not problem:
+            return moved
+    return resources.spread(problem)
 
 
 def gather(

@@ -32,11 +32,14 @@ __all__ = [
     "host_staging_room",
     "host_is_the_device",
     "lanes_for",
+    "loo_backend",
     "largest_output_bytes_per_draw",
+    "on_host_if_small",
     "output_bytes_per_draw",
     "output_memory_for",
     "resolve_budget",
     "shard_by_shard",
+    "small_work_on_host",
     "spread",
 ]
 
@@ -188,27 +191,48 @@ def lanes_for(problem: Problem) -> tuple[int, str]:
 
 def loo_backend(requested: str | None, values: int) -> tuple[str | None, str]:
     """Where `loo` computes its log-likelihood blocks (a `postprocessing_backend`), and why:
-    the one place this is decided.
-
-    The caller's backend where one is named. Else the default device, but where that is an
-    accelerator and the draws x observations (`values`) are at most
-    `loo_host_values_per_core` per host core: there the host CPU, whose compiles take
-    tenths of a second where an accelerator's take seconds, and whose float32 is the
-    host's (pymc's and ArviZ's own).
-    """
+    the caller's backend where one is named, else `small_work_on_host`'s answer for the
+    draws x observations (`values`) of every block together: "cpu", or None (the default
+    device)."""
     if requested is not None:
         return requested, "the caller's backend"
-    platform = jax.default_backend()
+    host, why = small_work_on_host(jax.default_backend(), values)
+    return ("cpu" if host else None), why
+
+
+def small_work_on_host(platform: str, values: int) -> tuple[bool, str]:
+    """Whether work of `values` output values, whose default device is of `platform`, runs
+    on the host CPU instead, and why: the one place this is decided.
+
+    Yes where `platform` is an accelerator, JAX has its CPU backend, and the values are at
+    most `host_values_per_core` per host core: there the accelerator's compiles (seconds
+    each on a TPU) cost more than its run saves, and the host's float32 is pymc's own.
+    """
     if platform == "cpu":
-        return None, "the default device"
+        return False, "the default device"
     try:
         jax.local_devices(backend="cpu")
     except RuntimeError:  # JAX started without its CPU backend (JAX_PLATFORMS=tpu, say)
-        return None, "no host CPU backend"
-    limit = current().loo_host_values_per_core * cpu_cores()
+        return False, "no host CPU backend"
+    limit = current().host_values_per_core * cpu_cores()
     if values > limit:
-        return None, f"{values} values: the {platform}'s run saves more than its compiles cost"
-    return "cpu", f"{values} values, at most {limit}: the {platform}'s compiles cost more"
+        return False, f"{values} values: the {platform}'s run saves more than its compiles cost"
+    return True, f"{values} values, at most {limit}: the {platform}'s compiles cost more"
+
+
+def on_host_if_small(problem: Problem) -> Problem:
+    """`problem` on the host CPU where its outputs are small work (`small_work_on_host`) and
+    its draws are on one device: the placement of a route whose outputs come back to the
+    host anyway, and whose caller named no device."""
+    placement = problem.placement
+    if placement.mesh is not None:
+        return problem
+    values = sum(math.prod(spec.shape) for spec in problem.out_specs)
+    host, why = small_work_on_host(placement.device.platform, values)
+    if not host:
+        return problem
+    cpu = jax.local_devices(backend="cpu")[0]
+    return problem.with_placement(Placement(cpu, reason=f"the host CPU: {why}"))
 
 
 def host_is_the_device(problem: Problem, request: str) -> bool:
