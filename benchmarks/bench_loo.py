@@ -26,6 +26,9 @@ peak RSS and seconds against the rows, ours beside the anchor, and runs nothing 
 benchmarks/):
 
     python bench_loo.py --plot ../docs/loo_memory.png --plot-from results/loo_memory_sweep_run1_*
+
+`--workflow` runs the LOO workflow's benchmark instead (`_loo_workflow.py`: `loo_pit`,
+`loo_expectations`, ..., `loo_moment_match` beside arviz-stats'; its own options follow).
 """
 
 from __future__ import annotations
@@ -303,6 +306,11 @@ def child(rows: int, method: str, n_subset: int = 0, family: str = "hierarchical
 
 
 def main() -> None:
+    if "--workflow" in sys.argv[1:]:  # the LOO workflow's benchmark (`_loo_workflow.py`)
+        import _loo_workflow
+
+        _loo_workflow.main([a for a in sys.argv[1:] if a != "--workflow"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[20000])
     parser.add_argument("--methods", nargs="+", default=["ours", "anchor"])

@@ -9,6 +9,12 @@ from ._engine.data.types import Plan as Plan
 from ._engine.kernels.chunked import chunked_vmap as chunked_vmap
 from ._engine.kernels.strategies import STRATEGIES as STRATEGIES
 from ._pymc.loo import loo as loo
+from ._pymc.loo_workflow import loo_expectations as loo_expectations
+from ._pymc.loo_workflow import loo_metrics as loo_metrics
+from ._pymc.loo_workflow import loo_pit as loo_pit
+from ._pymc.loo_workflow import loo_r2 as loo_r2
+from ._pymc.loo_workflow import loo_score as loo_score
+from ._pymc.moment_match import loo_moment_match as loo_moment_match
 from ._pymc.patch import is_patched as is_patched
 from ._pymc.patch import patch as patch
 from ._pymc.patch import patched as patched

@@ -34,6 +34,7 @@ from .._frontend.seam import Options, evaluate
 from .._stats.loo import (
     DEFAULT_BUDGET,
     SAMPLE_DIMS,
+    LogLikelihoodBlocks,
     bar_label,
     blocked,
     check_block_size,
@@ -44,8 +45,15 @@ from .._stats.loo import (
     scale_value_of,
 )
 from .._stats.psis import arviz_generation
+from .._stats.workflow import check_same_observations
+from .bambi import as_pymc
 
-__all__ = ["loo"]
+__all__ = [
+    "check_observed_data",
+    "log_likelihood_blocks",
+    "loo",
+    "model_observations",
+]
 
 
 def loo(
@@ -73,7 +81,9 @@ def loo(
     Args:
         idata: pymc 6: an `xarray.DataTree`; pymc 5: an `arviz.InferenceData`; with a
             `posterior` group of `(chain, draw)` holding every free variable.
-        model: the model the draws came from; default the one on the context stack.
+        model: the model the draws came from, a PyMC model or a Bambi model (its PyMC
+            model, at the draws as Bambi's `_re_center_intercept` gives them back); default
+            the one on the context stack.
         var_name: the observed variable; needed where the model has several.
         pointwise: return `loo_i`/`elpd_i` and `pareto_k` (O(observations)); default
             ArviZ's `stats.ic_pointwise` rcParam. `az.compare` needs them.
@@ -82,7 +92,7 @@ def loo(
             on the log scale only.
         postprocessing_backend: the device that computes the log-likelihood: None (the
             default device; on an accelerator, the host CPU where draws x observations
-            are at most `PlannerConfig.loo_host_values_per_core` per host core, since the
+            are at most `PlannerConfig.host_values_per_core` per host core, since the
             device's compiles would cost more than its run saves), "cpu", "gpu" or "tpu".
             PSIS runs on the host.
         postprocessing_vectorize: the engine's strategy for each block (see
@@ -104,16 +114,73 @@ def loo(
 
     Raises:
         ValueError: before any work: no posterior, an unknown `var_name`, several observed
-            variables without `var_name`, draws that do not match the model, bad options.
+            variables without `var_name`, draws that do not match the model, an
+            `observed_data` group whose `var_name` differs from the model's observations
+            (ArviZ reads them there; the blocks, from the model), bad options.
         MemoryError: before any work, where one row of the variable's first axis (all its
             draws) needs more than `memory_budget`.
     """
+    given = idata
+    idata, model = as_pymc(idata, model, "loo")
+    generation = arviz_generation()
+    scale_value = scale_value_of(scale, generation)
+    blocks = log_likelihood_blocks(
+        idata,
+        model,
+        var_name,
+        reff=reff,
+        reff_draws=given,
+        generation=generation,
+        postprocessing_backend=postprocessing_backend,
+        postprocessing_vectorize=postprocessing_vectorize,
+        memory_budget=memory_budget,
+        block_size=block_size,
+        matmul_precision=matmul_precision,
+    )
+    bar = bar_label(blocks.name, progressbar)
+    n_samples = blocks.n_samples
+    elpd_i, pareto_k, lppd_i = blocked(
+        blocks.block, blocks.shape, blocks.size, n_samples, blocks.reff, bar
+    )
+    return result(
+        elpd_i,
+        pareto_k,
+        lppd_i,
+        n_samples,
+        blocks.name,
+        blocks.dims,
+        blocks.coords,
+        pointwise,
+        scale_value,
+        generation,
+    )
+
+
+def log_likelihood_blocks(
+    idata: Any,
+    model: Any,
+    var_name: str | None,
+    *,
+    reff: float | None,
+    reff_draws: Any = None,
+    generation: int,
+    postprocessing_backend: str | None,
+    postprocessing_vectorize: str,
+    memory_budget: int | float | None,
+    block_size: int | None,
+    matmul_precision: str | None,
+    bytes_per_row: int = 0,
+) -> LogLikelihoodBlocks:
+    """The blocks of `var_name`'s log-likelihood at `idata`'s posterior draws, checked
+    before any work (see `loo` for the options). Blocks are sized from the budget for
+    loo's smoothing plus `bytes_per_row` a draw of each observation along the first axis (a
+    caller's own arrays of a block); `reff` None is ArviZ's default of `generation` at the
+    posterior of `reff_draws` (default `idata`: the draws ArviZ reads, where a Bambi
+    model's were re-centred, `bambi.as_pymc`)."""
     import pymc
 
     from .posthoc import _draws, _posterior, _to_dataset
 
-    generation = arviz_generation()
-    scale_value = scale_value_of(scale, generation)
     engine = {"memory_budget": memory_budget, "matmul_precision": matmul_precision}
     # The engine's own bar (over one block's draws) is off: `progressbar` is loo's bar.
     options = Options(postprocessing_backend, postprocessing_vectorize, False, engine)
@@ -122,6 +189,7 @@ def loo(
     posterior = _posterior(idata)
     model = pymc.modelcontext(model)
     name = _observed_name(model, var_name)
+    check_observed_data(idata, model, name)
     dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
     draws = _draws(dataset, model, SAMPLE_DIMS, "idata.posterior")
     if draws is None:
@@ -129,38 +197,63 @@ def loo(
     chains, n_draws = draws.sample_shape
     n_samples = chains * n_draws
     if reff is None:
-        reff = default_reff(dataset, n_samples, generation)
+        read = dataset if reff_draws is None else _posterior(reff_draws)
+        read = read.to_dataset() if hasattr(read, "to_dataset") else read
+        reff = default_reff(read, n_samples, generation)
     graph = _LogpBlocks(model, name, [draws.arrays[v.name] for v in model.free_RVs])
     budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
-    size = choose_block_size(graph.shape, n_samples, budget, block_size)
+    size = choose_block_size(graph.shape, n_samples, budget, block_size, bytes_per_row)
     backend, _ = loo_backend(postprocessing_backend, n_samples * math.prod(graph.shape))
     options = dataclasses.replace(options, backend=backend)
     # The engine's share of an explicit budget: the block's log-likelihood and as much again
     # for its temporaries (the rest is the smoothing's workspace and the next block).
     rest = math.prod(graph.shape[1:]) if graph.shape else 1
     engine_budget = None if memory_budget is None else 2 * 8 * n_samples * size * rest
-    options = options.with_engine(memory_budget=engine_budget)
+    # `loo_backend` decided where every block runs: no block is moved on its own size.
+    options = options.with_engine(memory_budget=engine_budget, small_on_host=False)
     arrays = [draws.arrays[n] for n in graph.input_names]
 
     def block(start: int) -> np.ndarray:
         label = f"Log-likelihood of {name!r} [{start}:{start + size}]"
-        # Decided at the first block, in `blocked`'s thread: the garbage of the graphs built
-        # to decide is collected with each block's (what exists before `blocked` is not).
+        # Decided at the first block, in the block loop's thread: the garbage of the graphs
+        # built to decide is collected with each block's (what exists before it is not).
         inputs = graph.block_inputs(arrays, size, options)
         values, _ = evaluate(graph.block_function(start, size), inputs, options, label)
         return np.asarray(values[0])
 
-    bar = bar_label(name, progressbar)
-    elpd_i, pareto_k, lppd_i = blocked(block, graph.shape, size, n_samples, reff, bar)
     # As `pm.compute_log_likelihood` names the matrix: pymc's own conversion.
     dims, coords = pointwise_dims(
         name,
         (*draws.sample_shape, *graph.shape),
         lambda trace: _to_dataset(model, list(trace), list(trace.values()), draws, SAMPLE_DIMS),
     )
-    return result(
-        elpd_i, pareto_k, lppd_i, n_samples, name, dims, coords, pointwise, scale_value, generation
+    return LogLikelihoodBlocks(
+        name, graph.shape, size, (chains, n_draws), float(reff), block, dims, coords
     )
+
+
+def check_observed_data(idata: Any, model: Any, name: str) -> None:
+    """Raise where `idata`'s `observed_data` holds `name` with other values than the model's
+    (ArviZ reads the observations there; the blocks, from the model). Nothing where it has
+    no such group or variable."""
+    from .posthoc import _groups
+
+    if "observed_data" not in (_groups(idata) or []):
+        return
+    group = idata["observed_data"]
+    if name not in getattr(group, "data_vars", group):
+        return
+    check_same_observations(np.asarray(group[name].values), model_observations(model, name), name)
+
+
+def model_observations(model: Any, name: str) -> np.ndarray:
+    """The observations of `name` in `model` now: its data (a constant or `pm.Data`)."""
+    data = model.rvs_to_values[model[name]]
+    if hasattr(data, "get_value"):  # a shared variable: `pm.Data`
+        return np.asarray(data.get_value())
+    if hasattr(data, "data"):  # a constant
+        return np.asarray(data.data)
+    return np.asarray(data.eval())
 
 
 # --- blocks (pymc) -----------------------------------------------------------------------

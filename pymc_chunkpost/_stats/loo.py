@@ -15,6 +15,7 @@ What every route shares besides: the checks of its options and ArviZ's defaults 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import math
@@ -33,11 +34,14 @@ from .psis import Workspace, psis_loo_block, summary, tail_rows_bytes
 __all__ = [
     "DEFAULT_BUDGET",
     "SAMPLE_DIMS",
+    "LogLikelihoodBlocks",
     "bar_label",
+    "block_starts",
     "blocked",
     "check_block_size",
     "choose_block_size",
     "default_reff",
+    "each_block",
     "pointwise_dims",
     "result",
     "scale_value_of",
@@ -66,6 +70,24 @@ _SAME_POINTWISE = (
 # --- blocks -------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class LogLikelihoodBlocks:
+    """The observed variable's log-likelihood, computed by the engine a block at a time."""
+
+    name: str  # the observed variable
+    shape: tuple[int, ...]  # of its log-likelihood at one draw
+    size: int  # observations per block, along the first axis of `shape`
+    sample_shape: tuple[int, int]  # (chains, draws)
+    reff: float
+    block: Callable[[int], np.ndarray]  # (chains, draws, size, *shape[1:]) from a start
+    dims: list[str]  # of the log-likelihood after its sample dims, as pymc names them
+    coords: dict[str, Any]
+
+    @property
+    def n_samples(self) -> int:
+        return self.sample_shape[0] * self.sample_shape[1]
+
+
 def blocked(
     block: Callable[[int], np.ndarray],
     shape: tuple[int, ...],
@@ -81,35 +103,10 @@ def blocked(
     the first axis of `shape`, as `(chains, draws, size, *shape[1:])`. Every block has the
     same size: the last one starts at `shape[0] - size` and overlaps the one before, whose
     results it recomputes identically."""
-    # What exists now is not the blocks' garbage: frozen, the collection before each block
-    # scans only what was made since (0.5-0.7 s a collection with pymc and JAX loaded,
-    # milliseconds frozen). Unfrozen after, for Python's own collections.
-    gc.freeze()
-    try:
-        total = math.prod(shape)
-        with counter(total, bar or "", "obs", bar is not None) as progress:
-            return _blocks(block, shape, size, n_samples, reff, progress)
-    finally:
-        gc.unfreeze()
-
-
-def bar_label(name: str, progressbar: bool) -> str | None:
-    return f"PSIS-LOO of {name!r}" if progressbar else None
-
-
-def _blocks(
-    block: Callable[[int], np.ndarray],
-    shape: tuple[int, ...],
-    size: int,
-    n_samples: int,
-    reff: float,
-    progress: Callable[[int], None],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_leading = shape[0] if shape else 1
     rest = math.prod(shape[1:]) if shape else 1
     total = n_leading * rest
     elpd_i, pareto_k, lppd_i = (np.empty(total) for _ in range(3))
-    starts = list(range(0, n_leading - size, size)) + [n_leading - size]
     # Each observation is smoothed on its own: the block's rows in one part per core (up to
     # `psis_parts`), each smoothed by a thread of its own (numpy releases the GIL) in passes
     # of `psis_rows_per_pass` rows, in the part's own workspace: the same numbers.
@@ -119,27 +116,78 @@ def _blocks(
     parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     rows = max(1, min(config.psis_rows_per_pass, bounds[1] - bounds[0]))
     workspaces = [Workspace(rows, n_samples) for _ in parts]
-    # The engine computes the next block in a thread while this one is smoothed (numpy and
-    # XLA release the GIL): at most two blocks' log-likelihood are alive at once.
-    with (
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool,
-        ThreadPoolExecutor(max_workers=n_parts, thread_name_prefix="loo-psis") as smoothing,
-    ):
-        pending = pool.submit(_collected, block, starts[0])
-        for i, start in enumerate(starts):
-            values = pending.result().reshape(n_samples, size * rest)
-            if i + 1 < len(starts):
-                pending = pool.submit(_collected, block, starts[i + 1])
+    with ThreadPoolExecutor(max_workers=n_parts, thread_name_prefix="loo-psis") as smoothing:
+
+        def smoothed(start: int, values: np.ndarray) -> None:
             offset = start * rest
-            smooth = _smoothed(values, reff)
+            smooth = _smoothed(values.reshape(n_samples, size * rest), reff)
             for part, result in zip(parts, smoothing.map(smooth, parts, workspaces)):
                 where = slice(offset + part.start, offset + part.stop)
                 elpd_i[where] = result.elpd_i
                 pareto_k[where] = result.pareto_k
                 lppd_i[where] = result.lppd_i
-            del values, smooth
-            progress(offset + size * rest)
+
+        each_block(block, shape, size, smoothed, bar)
     return elpd_i.reshape(shape), pareto_k.reshape(shape), lppd_i.reshape(shape)
+
+
+def bar_label(name: str, progressbar: bool) -> str | None:
+    return f"PSIS-LOO of {name!r}" if progressbar else None
+
+
+def block_starts(shape: tuple[int, ...], size: int) -> list[int]:
+    """The blocks' starts along the first axis of `shape`: every block has `size`
+    observations, the last one starting at `shape[0] - size` (overlapping the one before)."""
+    n_leading = shape[0] if shape else 1
+    return list(range(0, n_leading - size, size)) + [n_leading - size]
+
+
+def each_block(
+    block: Callable[[int], np.ndarray],
+    shape: tuple[int, ...],
+    size: int,
+    visit: Callable[[int, np.ndarray], None],
+    bar: str | None,
+    ahead: bool = True,
+) -> None:
+    """`visit(start, block(start))` for every block's start (`block_starts`), in order, with
+    a progress bar over the observations labelled `bar` (None: no bar), moved as each block
+    is visited.
+
+    The engine computes each block in a thread. With `ahead`, the next one while this one is
+    visited (numpy and XLA release the GIL): at most two blocks are alive at once, `visit`
+    keeping none. Without, after the visit: for a visitor that enters
+    `warnings.catch_warnings` (ArviZ's functions do), which is not thread-safe: interleaved
+    with the engine's, each thread restores what the other set, and the caller's filters
+    can be lost (a warning it should see, hidden)."""
+    # What exists now is not the blocks' garbage: frozen, the collection before each block
+    # scans only what was made since (0.5-0.7 s a collection with pymc and JAX loaded,
+    # milliseconds frozen). Unfrozen after, for Python's own collections.
+    gc.freeze()
+    try:
+        rest = math.prod(shape[1:]) if shape else 1
+        total = (shape[0] if shape else 1) * rest
+        starts = block_starts(shape, size)
+        with (
+            counter(total, bar or "", "obs", bar is not None) as progress,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="loo-block") as pool,
+        ):
+
+            def submit(i: int) -> Any:
+                return pool.submit(_collected, block, starts[i]) if i < len(starts) else None
+
+            pending = submit(0)
+            for i, start in enumerate(starts):
+                values = pending.result()
+                if ahead:
+                    pending = submit(i + 1)
+                visit(start, values)
+                del values
+                if not ahead:
+                    pending = submit(i + 1)
+                progress((start + size) * rest)
+    finally:
+        gc.unfreeze()
 
 
 def _smoothed(values: np.ndarray, reff: float) -> Callable[[slice, Workspace], Any]:
@@ -161,13 +209,20 @@ def _collected(block: Callable[[int], np.ndarray], start: int) -> np.ndarray:
 
 
 def choose_block_size(
-    shape: tuple[int, ...], n_samples: int, budget: int, block_size: int | None
+    shape: tuple[int, ...],
+    n_samples: int,
+    budget: int,
+    block_size: int | None,
+    bytes_per_row: int = 0,
 ) -> int:
+    """Observations per block along the first axis of `shape`: `block_size` where given,
+    else as many as the budget holds, each one's draws taking loo's bytes (the block and its
+    smoothing) plus `bytes_per_row` a draw (a caller's own arrays of the block)."""
     n_leading = shape[0] if shape else 1
     if block_size is not None:
         return min(block_size, n_leading)
     rest = math.prod(shape[1:]) if shape else 1
-    per_leading = rest * (8 * n_samples + tail_rows_bytes(n_samples))
+    per_leading = rest * (8 * n_samples + tail_rows_bytes(n_samples)) + bytes_per_row * n_samples
     if per_leading > budget:
         raise MemoryError(
             f"One observation along the first axis ({rest} values x {n_samples} draws) "
@@ -303,6 +358,9 @@ def result(
         pareto_k=array(pareto_k, name) if pointwise else None,
         approx_posterior=False,
         log_weights=None,
+        # Beyond arviz-stats' `loo`: what its `loo_moment_match` computes from the whole
+        # log-likelihood (lppd_i - elpd_i), kept so that matching needs none of it.
+        p_loo_i=array(lppd_i - elpd_i, name) if pointwise else None,
     )
     result.log_weights_note = _LOG_WEIGHTS_NOTE
     return result
