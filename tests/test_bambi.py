@@ -89,3 +89,13 @@ def test_a_bambi_fit_is_unchanged_by_the_patch(poisson_glmm):
         assert list(ours.data_vars) == list(theirs.data_vars), group
         for name in theirs.data_vars:
             np.testing.assert_array_equal(ours[name].values, theirs[name].values, err_msg=name)
+
+
+def test_expectations_of_a_posterior_variable_read_the_callers_draws(poisson_glmm):
+    """`group="posterior"` reads the draws as the caller has them (as ArviZ does), not as
+    Bambi's PyMC model reads them (its intercept re-centred)."""
+    model, _, with_offsets = poisson_glmm
+    kwargs = dict(group="posterior", var_name="Intercept", log_likelihood_var_name="y")
+    ours, _ = pymc_chunkpost.loo_expectations(with_offsets, model, **kwargs)
+    theirs, _ = azs.loo_expectations(with_offsets, **kwargs)
+    np.testing.assert_allclose(ours.values, theirs.values, rtol=1e-9)

@@ -84,3 +84,23 @@ def test_without_pointwise_values_or_for_another_model_it_refuses(schools):
             loo_moment_match(idata, pointwise, model=other)
         with pytest.raises(TypeError, match="ELPDDataLOO"):
             loo_moment_match(idata, {"elpd": 1.0}, model=model)
+        # arviz-stats' own result keeps no p_loo_i, which matching reports for every one.
+        full = idata.copy()
+        pm.compute_log_likelihood(full, model=model, progressbar=False)
+        with pytest.raises(ValueError, match="p_loo_i"):
+            loo_moment_match(idata, azs.loo(full, pointwise=True), model=model)
+
+
+def test_a_multivariate_likelihood_counts_its_rows():
+    """An MvNormal's log-likelihood has a value per row, not per element: accepted."""
+    rng = np.random.default_rng(1)
+    with pm.Model() as model:
+        m = pm.Normal("m", 0, 1, shape=2)
+        pm.MvNormal("Y", m, np.eye(2), observed=rng.normal(size=(30, 2)))
+        idata = pm.sample(200, tune=200, chains=2, random_seed=2, progressbar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pymc_chunkpost.loo(idata, model, pointwise=True)
+        matched = loo_moment_match(idata, result, model=model)
+    assert matched.pareto_k.shape == (30,)
+    np.testing.assert_array_equal(matched.influence_pareto_k.values, result.pareto_k.values)

@@ -30,6 +30,7 @@ from numpyro.infer import Predictive as NumpyroPredictive  # noqa: E402
 from numpyro.infer.autoguide import AutoNormal  # noqa: E402
 from numpyro.infer.util import log_likelihood as numpyro_log_likelihood  # noqa: E402
 
+import pymc_chunkpost.numpyro  # noqa: E402
 from pymc_chunkpost._engine.plan import resources as _resources  # noqa: E402
 from pymc_chunkpost._numpyro import draws as _draws  # noqa: E402
 from pymc_chunkpost._numpyro import routes as _numpyro  # noqa: E402
@@ -120,6 +121,10 @@ def test_outputs_stay_on_the_draws_device_small_or_not(posteriors, monkeypatch):
     log_likelihood(model, draws, *args, y=y)
     assert asked == []
     assert all(isinstance(v, jax.Array) for v in ours.values())
+    # `loo` decides once for all its blocks, on every value of them (`loo_backend`).
+    more = {k: jnp.concatenate([v] * 8) for k, v in draws.items()}  # draws enough for PSIS
+    pymc_chunkpost.numpyro.loo(model, more, *args, y=y, batch_ndims=1, block_size=3)
+    assert [values for _, values in asked] == [len(more["mu"]) * np.size(y)]
 
 
 @pytest.mark.parametrize("batch_ndims", [1, 2])

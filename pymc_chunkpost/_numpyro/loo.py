@@ -10,6 +10,7 @@ log-density and keeps the block's observations.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._engine.plan.resources import loo_backend
 from .._frontend.seam import Options, evaluate
 from .._stats.loo import (
     DEFAULT_BUDGET,
@@ -126,6 +128,9 @@ def numpyro_loo(
         reff = default_reff(dataset, n_samples, generation)
     budget = DEFAULT_BUDGET if memory_budget is None else int(memory_budget)
     size = choose_block_size(shape, n_samples, budget, block_size)
+    # Where every block runs, decided once (as pymc's `loo`): no block moves on its own size.
+    backend, _ = loo_backend(None, n_samples * math.prod(shape))
+    options = dataclasses.replace(options, backend=backend).with_engine(small_on_host=False)
 
     def block(start: int) -> np.ndarray:
         def per_draw(*values: Any) -> Any:

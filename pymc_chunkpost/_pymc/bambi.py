@@ -45,9 +45,14 @@ def as_pymc(idata: Any, model: Any, route: str) -> tuple[Any, Any]:
 
 
 def _is_bambi(model: Any) -> bool:
-    return type(model).__module__.split(".")[0] == "bambi" and hasattr(
-        model, "_re_center_intercept"
-    )
+    if type(model).__module__.split(".")[0] != "bambi":
+        return False
+    if not hasattr(model, "_re_center_intercept"):
+        raise ValueError(
+            "This Bambi has no `Model._re_center_intercept` (Bambi 0.21 and later), which "
+            "gives its draws back as its PyMC model's: upgrade Bambi."
+        )
+    return True
 
 
 def _fit_by_bambi(idata: Any) -> bool:

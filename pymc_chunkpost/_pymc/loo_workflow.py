@@ -354,7 +354,9 @@ def _prepared(
     idata, model = as_pymc(idata, model, route)
     model = pymc.modelcontext(model)
     name = _observed_name(model, var_name)
-    draws = _draws_of(idata, group, drawn or name)
+    # A posterior variable's draws as the caller has them (what ArviZ reads), not as a Bambi
+    # model's PyMC model reads them.
+    draws = _draws_of(given if group == "posterior" else idata, group, drawn or name)
     # The values a draw of one observation along the first axis gives: its predictive
     # values; a posterior variable's, broadcast to each observation.
     values = math.prod(draws.shape[3:] if group == "posterior_predictive" else draws.shape[2:])

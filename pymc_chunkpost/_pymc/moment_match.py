@@ -56,8 +56,8 @@ def loo_moment_match(
     Args:
         idata: an `xarray.DataTree` (or `arviz.InferenceData`) whose `posterior` holds every
             free variable; a `log_likelihood` group is not needed (nor read).
-        loo_orig: the `ELPDDataLOO` of `pymc_chunkpost.loo(..., pointwise=True)` (or of
-            arviz-stats' `loo`) for the same draws.
+        loo_orig: the `ELPDDataLOO` of `pymc_chunkpost.loo(..., pointwise=True)` for the
+            same draws (it keeps `p_loo_i`, which arviz-stats' `loo` does not).
         model: the PyMC model, or a Bambi model (as in `loo`); default the one on the
             context stack.
         var_name: the observed variable; needed where the model has several.
@@ -73,8 +73,8 @@ def loo_moment_match(
     Raises:
         NotImplementedError: on ArviZ 0.x; for models with discrete variables or potentials
             (as arviz-stats).
-        ValueError: before any work: a result without pointwise values, or one whose
-            observations are not the model's, several observed variables without
+        ValueError: before any work: a result without pointwise values or `p_loo_i`, or
+            one whose observations are not the model's, several observed variables without
             `var_name`.
     """
     idata, model = as_pymc(idata, model, "loo_moment_match")
@@ -98,12 +98,22 @@ def loo_moment_match(
             "Moment matching needs the pointwise LOO results: compute `loo_orig` with "
             "`pointwise=True`."
         )
+    if loo_orig.p_loo_i is None:  # arviz-stats' `loo` keeps none: it reads the matrix
+        raise ValueError(
+            "`loo_orig` has no `p_loo_i` (lppd_i - elpd_i), which moment matching reports "
+            "for every observation: pass `pymc_chunkpost.loo(..., pointwise=True)`'s result "
+            "(it keeps them), or use `arviz_stats.loo_moment_match` on the full "
+            "log-likelihood."
+        )
     model = pymc.modelcontext(model)
     _validate_model(model)
     name = _observed_name(model, var_name)
     obs_rv = model[name]
     n_obs = math.prod(loo_orig.pareto_k.shape)
-    model_obs = math.prod(tuple(int(s) for s in obs_rv.shape.eval()))
+    # The log-likelihood's values: the variable's, less its support's axes (an MvNormal's).
+    support = int(getattr(obs_rv.owner.op, "ndim_supp", 0) or 0)
+    shape = tuple(int(s) for s in obs_rv.shape.eval())
+    model_obs = math.prod(shape[: len(shape) - support])
     if n_obs != model_obs:
         raise ValueError(
             f"`loo_orig` has {n_obs} observations, the model's {name!r} has {model_obs}: pass "
@@ -123,6 +133,7 @@ def loo_moment_match(
         )
         result: Any = copy.deepcopy(loo_orig)
         result.method = "loo_moment_match"  # as arviz-stats marks its result
+        result.influence_pareto_k = loo_orig.pareto_k.copy()
         return result if pointwise else _without_pointwise(result)
     tree = _as_tree(dataset)
     upars, _ = _get_upars_da(tree, model, dict(model.initial_point()), list(model.value_vars))
@@ -250,8 +261,7 @@ def _merged(loo_orig: Any, matched: Any, bad: np.ndarray, pointwise: bool) -> An
     nan = loo_orig.elpd_i.copy(data=np.full(shape, np.nan))
     result.elpd_i = put(loo_orig.elpd_i, matched.elpd_i)
     result.pareto_k = put(loo_orig.pareto_k, matched.pareto_k)
-    base_p = loo_orig.p_loo_i if loo_orig.p_loo_i is not None else nan
-    result.p_loo_i = put(base_p, matched.p_loo_i)
+    result.p_loo_i = put(loo_orig.p_loo_i, matched.p_loo_i)
     result.n_eff_i = put(nan, matched.n_eff_i) if matched.n_eff_i is not None else None
     elpd_i = result.elpd_i.values
     elpd_raw = loo_orig.elpd + loo_orig.p  # the sum of lppd_i, which matching leaves

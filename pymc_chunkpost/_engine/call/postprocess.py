@@ -244,7 +244,8 @@ def run(
                 progress_label=progress_label,
                 matmul_precision=matmul_precision,
             )
-        problem = where_it_runs(problem, strategy, small_on_host=small_on_host)
+        # A disk target's store records the problem it was opened for: the call stays there.
+        problem = where_it_runs(problem, strategy, small_on_host=small_on_host and target is None)
         placed, donate = draws.place(samples, donate_samples, problem)
         # Invariant: free memory is read with the draws where they run (`one_reading`).
         facts = gather(
