@@ -29,6 +29,11 @@ threshold before and after, and the largest differences of elpd (relative) and o
     python benchmarks/bench_loo.py --workflow --case moment_match \
         --json benchmarks/results/moment_match_run2_py312.json
 
+`--case scale` runs `loo_pit` and `loo_expectations` at `--rows` of bench_loo.py's
+hierarchical regression (4 x 1,000 seeded draws), its posterior predictive written once by
+`sample_posterior_predictive(output_memory="disk")` (into `--store-dir`) and opened lazily in
+each function's fresh process: seconds and peak RSS above the RSS before the call.
+
 ArviZ 1.x only.
 """
 
@@ -297,15 +302,109 @@ def _matching_main(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
 
 
+def _scale_cell(function: str, args: argparse.Namespace) -> dict:
+    """One workflow function at `--rows`, its posterior predictive opened lazily from the
+    disk tier's store: seconds and peak RSS above the RSS before the call."""
+    import gc
+    import time
+    import warnings
+
+    import bench_loo
+    import numpy as np
+    import xarray as xr
+
+    import pymc_chunkpost as pc
+
+    warnings.filterwarnings("ignore")
+    model, idata = bench_loo.build(args.rows)
+    posterior = idata["posterior"]
+    posterior = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
+    stored = xr.open_datatree(args.store, engine="zarr")["posterior_predictive"].to_dataset()
+    observed = model.rvs_to_values[model["y"]]
+    y = np.asarray(observed.get_value() if hasattr(observed, "get_value") else observed.data)
+    data = xr.DataTree.from_dict(
+        {
+            "posterior": posterior,
+            "posterior_predictive": stored,
+            "observed_data": xr.Dataset({"y": (("obs",), y)}, coords={"obs": np.arange(y.size)}),
+        }
+    )
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    start = bench_loo._status("VmRSS")
+    tic = time.perf_counter()
+    if function == "loo_pit":
+        out = pc.loo_pit(data, model)
+        summary = float(out["y"].mean())
+    else:
+        out, khat = pc.loo_expectations(data, model)
+        summary = float(out.mean())
+    seconds = time.perf_counter() - tic
+    return {
+        "function": function,
+        "rows": args.rows,
+        "seconds": seconds,
+        "peak_rss_above_start": bench_loo._status("VmHWM") - start,
+        "mean_value": summary,
+    }
+
+
+def _scale_main(args: argparse.Namespace) -> None:
+    """The scale case: bench_loo's hierarchical regression at `--rows`, its posterior
+    predictive written by `sample_posterior_predictive(output_memory="disk")` once, then
+    each function in a fresh process."""
+    import time
+    import warnings
+
+    import bench_loo
+
+    import pymc_chunkpost as pc
+
+    warnings.filterwarnings("ignore")
+    folder = tempfile.TemporaryDirectory(dir=args.store_dir)
+    store = str(Path(folder.name) / "predictive")
+    model, idata = bench_loo.build(args.rows)
+    tic = time.perf_counter()
+    pc.sample_posterior_predictive(
+        idata,
+        model=model,
+        random_seed=1,
+        progressbar=False,
+        output_memory="disk",
+        output_path=store,
+    )
+    drawn = time.perf_counter() - tic
+    shared = [f"--rows={args.rows}", f"--store={store}", "--case=scale"]
+    cells = [run_child(__file__, ["--child", f, *shared]) for f in args.functions.split(",")]
+    record = {
+        "script": "benchmarks/bench_loo.py --workflow --case scale",
+        "python": platform.python_version(),
+        "versions": {m: __import__(m).__version__ for m in ("pymc", "jax", "arviz_stats")},
+        "rows": args.rows,
+        "draws": bench_loo.CHAINS * bench_loo.DRAWS,
+        "predictive_to_disk_seconds": drawn,
+        "cells": cells,
+    }
+    print(json.dumps(record, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--case", default="eight_schools", choices=["eight_schools", "moment_match"]
+        "--case", default="eight_schools", choices=["eight_schools", "moment_match", "scale"]
     )
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--groups", type=int, default=400)
     parser.add_argument("--outliers", type=int, default=8)
     parser.add_argument("--posterior", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--store-dir", default=None, help="scale: the store's parent folder")
+    parser.add_argument("--functions", default="loo_pit,loo_expectations", help="scale's")
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--methods", default="ours,arviz_stats")
@@ -314,6 +413,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fits", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.case == "scale":
+        if args.child is not None:
+            print(json.dumps(_scale_cell(args.child, args)))
+        else:
+            _scale_main(args)
+        return
     if args.case == "moment_match":
         if args.child is not None:
             print(json.dumps(_matching_cell(args.child, args)))
