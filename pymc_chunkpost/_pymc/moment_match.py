@@ -137,7 +137,7 @@ def loo_moment_match(
         return result if pointwise else _without_pointwise(result)
     tree = _as_tree(dataset)
     upars, _ = _get_upars_da(tree, model, dict(model.initial_point()), list(model.value_vars))
-    functions = _Functions(model, obs_rv, upars, postprocessing_backend)
+    functions = _Functions(model, obs_rv, postprocessing_backend)
     sub_tree, sub_orig = _restricted(tree, loo_orig, functions, upars, bad, name, reff)
     matched = importlib.import_module("arviz_stats").loo_moment_match(
         sub_tree,
@@ -161,7 +161,7 @@ class _Functions:
     draws `(chain, draw, parameter)` laid out as arviz-stats' `upars` (the value variables in
     order, each raveled), as arviz-stats calls them: DataArrays `(chain, draw[, obs])`."""
 
-    def __init__(self, model: Any, obs_rv: Any, upars: Any, backend: str | None):
+    def __init__(self, model: Any, obs_rv: Any, backend: str | None):
         import jax.numpy as jnp
 
         from .graph import jaxify
