@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .._frontend.seam import Options, evaluate
-from .._stats.loo import SAMPLE_DIMS
+from .._stats.loo import SAMPLE_DIMS, pointwise_default
 from .._stats.psis import arviz_generation
 from .bambi import as_pymc
 
@@ -124,7 +124,7 @@ def loo_moment_match(
     n_samples = dataset.sizes["chain"] * dataset.sizes["draw"]
     if k_threshold is None:
         k_threshold = min(1 - 1 / np.log10(n_samples), 0.7) if n_samples > 1 else 0.7
-    pointwise = _pointwise(pointwise)
+    pointwise = pointwise_default(1) if pointwise is None else bool(pointwise)
     ks = np.asarray(loo_orig.pareto_k.values, dtype=float).ravel()
     bad = np.flatnonzero(ks > k_threshold)
     if bad.size == 0:
@@ -284,12 +284,6 @@ def _without_pointwise(result: Any) -> Any:
     for field in ("elpd_i", "pareto_k", "influence_pareto_k", "p_loo_i", "n_eff_i"):
         setattr(result, field, None)
     return result
-
-
-def _pointwise(pointwise: bool | None) -> bool:
-    if pointwise is not None:
-        return bool(pointwise)
-    return bool(importlib.import_module("arviz_base").rcParams["stats.ic_pointwise"])
 
 
 def _as_tree(dataset: Any) -> Any:

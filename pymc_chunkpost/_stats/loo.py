@@ -42,6 +42,7 @@ __all__ = [
     "choose_block_size",
     "default_reff",
     "each_block",
+    "pointwise_default",
     "pointwise_dims",
     "result",
     "scale_value_of",
@@ -278,7 +279,8 @@ def default_reff(posterior: Any, n_samples: int, generation: int) -> float:
     return float(np.hstack(values).mean() / n_samples)
 
 
-def _pointwise_default(generation: int) -> bool:
+def pointwise_default(generation: int) -> bool:
+    """ArviZ's default `pointwise` (its `stats.ic_pointwise` rcParam) of `generation`."""
     rc_params = importlib.import_module("arviz" if generation == 0 else "arviz_base").rcParams
     return bool(rc_params["stats.ic_pointwise"])
 
@@ -316,7 +318,7 @@ def result(
     """ArviZ's LOO result, filled as the installed ArviZ's `loo` fills it."""
     import xarray
 
-    pointwise = _pointwise_default(generation) if pointwise is None else bool(pointwise)
+    pointwise = pointwise_default(generation) if pointwise is None else bool(pointwise)
     elpd, se, p_loo = summary(elpd_i, lppd_i, generation, scale_value)
     n_data_points = np.prod(elpd_i.shape) if generation == 0 else int(elpd_i.size)
     good_k = min(1 - 1 / np.log10(n_samples), 0.7) if n_samples > 1 else 0.7
